@@ -1,0 +1,30 @@
+# The workshop in three commands:  make run | make test | make lab
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+NPROC   ?= 2
+
+.PHONY: run test lab venv clean-venv
+
+$(BIN)/.installed: requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -e . 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -c "import torch, torchvision, source_code; print('environment ready: torch', torch.__version__)"
+	touch $@
+
+venv: $(BIN)/.installed
+
+## the main job: DDP training of the small CNN on the embedded digits, 2 processes
+run: venv
+	$(BIN)/torchrun --standalone --nproc-per-node=$(NPROC) -m source_code.training.ddp $(ARGS)
+
+## the whole suite: unit, parity, fault, Slurm and every notebook (nbval)
+test: venv
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## JupyterLab on the notebooks
+lab: venv
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/jupyter lab notebooks/
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Runnable code of the distributed-training workshop; the notebooks call into it."""

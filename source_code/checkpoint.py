@@ -1,0 +1,138 @@
+"""Training snapshots: written atomically, refused when they belong to another model.
+
+A snapshot holds everything needed to continue exactly where training stopped: model and
+optimizer state, the number of finished epochs (which is also the DistributedSampler's epoch,
+so the next shuffle is the one an uninterrupted run would draw) and every rank's RNG state.
+
+Atomic write: torch.save into a temporary file in the same directory, fsync, then os.replace
+over the old file. A kill at any moment leaves either the previous snapshot or the new one,
+never a truncated file.
+
+    python -m source_code.checkpoint show PATH     # print what a snapshot contains
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class CheckpointMismatch(SystemExit):
+    """A snapshot that does not fit the model being trained (exit status 2, one line)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+def atomic_save(obj, path) -> None:
+    """torch.save(obj, path) such that ``path`` is always either the old or the new file."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def model_signature(model: torch.nn.Module) -> dict:
+    """Class name plus every parameter/buffer name and shape: what "the same model" means here."""
+    module = getattr(model, "module", model)  # DDP / DataParallel wrap the real model
+    return {"class": type(module).__name__,
+            "shapes": {k: tuple(v.shape) for k, v in module.state_dict().items()}}
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_snapshot(path, model, optimizer, epoch: int, extra: dict | None = None) -> None:
+    """Collective: every rank contributes its RNG state; rank 0 writes the file atomically."""
+    states = [rng_state()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        states = [None] * dist.get_world_size()
+        dist.all_gather_object(states, rng_state())
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        module = getattr(model, "module", model)
+        atomic_save({"signature": model_signature(model), "model": module.state_dict(),
+                     "optimizer": optimizer.state_dict(), "epoch": epoch,
+                     "rng": states, "extra": extra or {}}, path)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_snapshot(path, model, optimizer=None, map_location="cpu") -> dict:
+    """Load a snapshot into ``model`` (and ``optimizer``); return it (epoch, extra, ...).
+
+    Restores this rank's RNG state when the world size matches the one that wrote it; with a
+    different world size the RNG streams cannot match anyway, and each rank keeps its seed.
+    """
+    try:
+        snap = torch.load(path, map_location=map_location, weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointMismatch(f"error: no snapshot at {path}; start without --resume "
+                                 "to train from scratch") from None
+    except Exception as exc:
+        raise CheckpointMismatch(f"error: {path} is not a readable snapshot ({type(exc).__name__}); "
+                                 "delete it or point --checkpoint elsewhere") from None
+    if not isinstance(snap, dict) or "signature" not in snap:
+        raise CheckpointMismatch(f"error: {path} is not a training snapshot of this workshop; "
+                                 "point --checkpoint at one written by --checkpoint")
+    want, got = model_signature(model), snap["signature"]
+    if want != got:
+        diff = sorted(set(want["shapes"].items()) ^ set(got["shapes"].items()))[:1]
+        raise CheckpointMismatch(
+            f"error: {path} holds a {got['class']} but this run builds a {want['class']}"
+            f"{' (first difference: ' + str(diff[0]) + ')' if diff else ''}; "
+            "resume with the model that wrote it or use a new --checkpoint path")
+    getattr(model, "module", model).load_state_dict(snap["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(snap["optimizer"])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if len(snap["rng"]) == world:
+        set_rng_state(snap["rng"][rank])
+    return snap
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    show = sub.add_parser("show", help="summarise a snapshot")
+    show.add_argument("path")
+    args = p.parse_args(argv)
+    snap = torch.load(args.path, map_location="cpu", weights_only=False)
+    sig = snap["signature"]
+    n = sum(int(np.prod(s)) for s in sig["shapes"].values())
+    print(f"{args.path}: model={sig['class']} tensors={len(sig['shapes'])} numbers={n} "
+          f"epochs_done={snap['epoch']} ranks_rng={len(snap['rng'])} extra={snap['extra']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Distributed plumbing shared by every script and notebook of the workshop.
+
+One place decides how a process learns who it is and where it computes:
+
+* ranks come from torchrun (RANK, LOCAL_RANK, WORLD_SIZE) or from a Slurm step started with
+  srun and no torchrun (SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS);
+* CUDA present (ROCm counts as CUDA in PyTorch) -> NCCL on cuda:LOCAL_RANK, otherwise gloo on
+  the CPU: the same file runs on a laptop and on a GPU node;
+* print0 / save0 act on rank 0 only; seeds are explicit and per rank;
+* the session ends cleanly (see ``session``), so every launch exits 0.
+
+Typical use in a script (run it with ``torchrun --standalone --nproc-per-node=2 -m PKG.MOD``)::
+
+    def train(ctx, args):          # everything that holds the process group lives in here
+        model = DDP(Net().to(ctx.device), device_ids=ctx.device_ids)
+        ...
+        return {"accuracy": acc}   # plain Python values only
+
+    def main(argv=None):
+        args = parser.parse_args(argv)
+        with session(launch_hint="torchrun --standalone --nproc-per-node=2 -m PKG.MOD") as ctx:
+            return train(ctx, args)
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import os
+import random
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class LaunchError(SystemExit):
+    """A one-line, actionable error about how the program was launched (exit status 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who this process is in the job and where it computes."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    launcher: str  # "torchrun", "srun", "env" (variables set by hand) or "none" (world size 1)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device_ids(self):
+        """What DistributedDataParallel wants for device_ids: [index] on a GPU, None on CPU."""
+        return [self.device.index] if self.device.type == "cuda" else None
+
+
+# --------------------------------------------------------------------------- who am I
+def pick_device(local_rank: int = 0) -> tuple[torch.device, str]:
+    """NCCL + cuda:LOCAL_RANK where CUDA is available, gloo + CPU otherwise."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count()), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def ranks_from_env(env=None) -> tuple[int, int, int, str] | None:
+    """(rank, local_rank, world_size, launcher) from the launcher's variables, or None.
+
+    torchrun (and anyone setting RANK/WORLD_SIZE by hand) wins; otherwise a Slurm *step*
+    (srun) is recognised by SLURM_STEP_NUM_TASKS, which the batch script itself does not have:
+    a plain `python train.py` inside an sbatch script must not think it is one of N tasks.
+    """
+    env = os.environ if env is None else env
+    if "RANK" in env or "WORLD_SIZE" in env:
+        missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
+        if missing:
+            raise LaunchError(f"error: {' and '.join(missing)} not set (RANK and WORLD_SIZE come "
+                              "together); launch with torchrun, which sets both")
+        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        return rank, int(env.get("LOCAL_RANK", rank)), world, launcher
+    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
+        return (int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)),
+                int(env["SLURM_STEP_NUM_TASKS"]), "srun")
+    return None
+
+
+def _slurm_rendezvous_defaults(env) -> None:
+    """Under srun without torchrun: MASTER_ADDR = first host of the step, MASTER_PORT from the job id."""
+    if "MASTER_ADDR" not in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise LaunchError("error: MASTER_ADDR not set; export MASTER_ADDR=$(scontrol show "
+                              "hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) before srun")
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                               capture_output=True, text=True).stdout.split()
+        env["MASTER_ADDR"] = hosts[0]
+    # a port derived from the job id keeps two jobs sharing a node from colliding
+    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (for demos that start their own processes)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- helpers
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Seed Python, NumPy and torch; ``rank`` offsets the seed so ranks draw different noise."""
+    s = seed + rank
+    random.seed(s)
+    np.random.seed(s % 2**32)
+    torch.manual_seed(s)
+
+
+def print0(*args, **kwargs) -> None:
+    """print() on rank 0 only (or when no process group exists), flushed at once."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def save0(obj, path) -> None:
+    """Atomically save ``obj`` with torch.save on rank 0 only; the others wait for it."""
+    from source_code.checkpoint import atomic_save
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        atomic_save(obj, path)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_mean(value: float, device=None) -> float:
+    """The mean of a Python number over all ranks (a reporting helper)."""
+    if not dist.is_initialized():
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    if t.device.type == "cpu" and dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() / dist.get_world_size()
+
+
+# --------------------------------------------------------------------------- setup / cleanup
+def setup(launch_hint: str | None = None, allow_single: bool = False,
+          timeout_s: float = 300) -> Context:
+    """Join the process group described by the environment and return the Context.
+
+    Without a launcher: world size 1 (a gloo group over an in-memory store) when
+    ``allow_single``, otherwise a one-line LaunchError that shows ``launch_hint``.
+    """
+    found = ranks_from_env()
+    if found is None:
+        if not allow_single:
+            raise LaunchError(f"error: no launcher found (RANK/WORLD_SIZE not set); run it as: "
+                              f"{launch_hint or 'torchrun --standalone --nproc-per-node=2 SCRIPT'}")
+        device, backend = pick_device(0)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return Context(0, 0, 1, device, backend, "none")
+
+    rank, local_rank, world, launcher = found
+    if launcher == "srun":
+        _slurm_rendezvous_defaults(os.environ)
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        if key not in os.environ:
+            raise LaunchError(f"error: {key} not set; launch with torchrun, which sets it, or "
+                              f"export {key} (e.g. MASTER_ADDR=localhost MASTER_PORT=29500)")
+    device, backend = pick_device(local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    port = int(os.environ["MASTER_PORT"])
+    if launcher != "torchrun" and rank == 0 and not port_is_free(port):
+        raise LaunchError(f"error: MASTER_PORT {port} is busy on this host; pick another, "
+                          f"e.g. export MASTER_PORT={free_port()}")
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    except Exception as exc:  # rendezvous failures are launch problems, say so in one line
+        if "address already in use" in str(exc).lower():
+            raise LaunchError(f"error: MASTER_PORT {port} is busy; export another MASTER_PORT "
+                              "(or use torchrun --standalone, which picks a free one)") from None
+        raise
+    return Context(rank, local_rank, world, device, backend, launcher)
+
+
+def cleanup() -> None:
+    """End the process group so the interpreter can exit cleanly.
+
+    Why it matters with torch 2.14.1 + gloo: each collective leaves a Work object whose last
+    reference may be dropped by one of gloo's worker threads. If that happens while the
+    interpreter is finalising, the thread cannot take the GIL, is torn down with a forced
+    unwind, and the process dies with "terminate called without an active exception".
+    So: (1) drop every Python object that still refers to the group (DDP modules, Work
+    handles) while the interpreter is fully alive -- callers return from the function that
+    owned them, then gc.collect() here frees cycles; (2) a barrier so no rank tears down while
+    another still talks to it; (3) destroy the group, which joins gloo's threads.
+    """
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+        gc.collect()
+
+
+@contextlib.contextmanager
+def session(launch_hint: str | None = None, allow_single: bool = False, seed: int | None = None):
+    """``with session(...) as ctx:`` -- setup, optional per-rank seeding, and a clean cleanup.
+
+    Keep models and optimizers inside a function called in the ``with`` block (not in the
+    caller's own variables), so they are gone before cleanup() runs.
+    """
+    ctx = setup(launch_hint=launch_hint, allow_single=allow_single)
+    if seed is not None:
+        seed_everything(seed, ctx.rank)
+    try:
+        yield ctx
+    finally:
+        cleanup()
+
+
+def run_main(main) -> None:
+    """Entry-point wrapper: ``if __name__ == "__main__": run_main(main)``.
+
+    Turns LaunchError into one line on stderr with exit status 2, and flushes output before
+    the interpreter exits.
+    """
+    try:
+        code = main()
+    except LaunchError as err:
+        print(err.message, file=sys.stderr, flush=True)
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code if isinstance(code, int) else 0)

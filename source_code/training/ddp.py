@@ -1,0 +1,75 @@
+"""DDP training under torchrun: the workshop's main job.
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.training.ddp
+    torchrun --standalone --nproc-per-node=2 -m source_code.training.ddp --epochs 2 --checkpoint snap.pt
+    torchrun --standalone --nproc-per-node=2 -m source_code.training.ddp --epochs 4 --checkpoint snap.pt --resume
+
+Compared with single.py, the changes that make it data-parallel are marked (1)-(6).
+gloo + CPU here, NCCL + cuda:LOCAL_RANK on a GPU node: the same file.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from source_code import checkpoint, data
+from source_code.distributed import all_reduce_mean, print0, run_main, session
+from source_code.training import loop
+
+LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.training.ddp"
+
+
+def train(ctx, args) -> dict:
+    # (2) each process gets its share of the global batch
+    batch = loop.per_rank_batch(args.batch_size, ctx.world_size)
+    train_set = data.load(args.dataset, "train", args.data_dir)
+    # (3) DistributedSampler: a disjoint shard of a shuffled order per rank, same order on all
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
+                                 shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=batch, sampler=sampler)
+    test_loader = DataLoader(data.load(args.dataset, "test", args.data_dir), batch_size=256)
+
+    model, opt = loop.build(args, ctx.device)
+    start_epoch = 0
+    if args.resume:
+        start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt, ctx.device)["epoch"]
+        print0(f"resumed from {args.checkpoint} after epoch {start_epoch}")
+    # (4) wrap the model: gradients are averaged across ranks during backward()
+    model = DDP(model, device_ids=ctx.device_ids)
+
+    timer, accuracy = loop.Timer(), 0.0
+    print0(f"training {args.model} on {args.dataset}: {len(train_set)} examples, world_size="
+           f"{ctx.world_size}, global batch {args.batch_size} ({batch} per rank), "
+           f"{ctx.backend} on {ctx.device.type}")
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)  # (5) a new shuffle every epoch, identical on all ranks
+        local_loss, steps = loop.train_epoch(model, loader, opt, ctx.device, args.max_steps)
+        # for reporting only: gloo has no ReduceOp.AVG, so all_reduce_mean sums and divides
+        loss = all_reduce_mean(local_loss, ctx.device)
+        if ctx.is_main:  # (6) rank 0 evaluates, prints and saves
+            accuracy = loop.evaluate(model.module, test_loader, ctx.device)
+        print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out accuracy "
+               f"{accuracy:.4f}  steps {steps}  {timer.seconds:6.1f}s")
+        if args.checkpoint:
+            checkpoint.save_snapshot(args.checkpoint, model, opt, epoch + 1)
+    if ctx.is_main and start_epoch >= args.epochs:
+        accuracy = loop.evaluate(model.module, test_loader, ctx.device)
+    print0(loop.summary_line(ctx.world_size, args.epochs, accuracy, timer.seconds))
+    return {"accuracy": accuracy}
+
+
+def main(argv=None):
+    args = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0])).parse_args(argv)
+    torch.set_num_threads(1)  # one core per process: on CPU the processes are the parallelism
+    # (1) join the process group that torchrun (or srun) describes
+    with session(launch_hint=LAUNCH, seed=args.seed) as ctx:
+        train(ctx, args)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,99 @@
+"""The pieces every training script of the data-parallel track shares.
+
+The scripts single.py, dataparallel.py and ddp.py differ only in how they distribute the
+work; the loop, the evaluation and the command-line flags live here so that the notebook can
+show exactly those differences.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from source_code import data, models
+
+
+def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Flags shared by the training scripts; defaults run in seconds on 2 CPU cores."""
+    p.add_argument("--dataset", default="digits", help="digits (embedded) | mnist | cifar10")
+    p.add_argument("--data-dir", default="data", help="where `prepare` put the real datasets")
+    p.add_argument("--model", default="smallcnn", help="smallcnn | resnet18")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="GLOBAL batch size: divided evenly among the processes")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
+    p.add_argument("--checkpoint", default="", help="snapshot path, written after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    return p
+
+
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    if global_batch % world_size:
+        raise SystemExit(f"error: --batch-size {global_batch} does not divide among {world_size} "
+                         f"processes; use a multiple of {world_size}, e.g. "
+                         f"{(global_batch // world_size + 1) * world_size}")
+    return global_batch // world_size
+
+
+def build(args, device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model (seeded by --seed, identical on every rank) and its SGD optimizer."""
+    torch.manual_seed(args.seed)
+    kwargs = {"in_channels": data.in_channels(args.dataset)} if args.model == "smallcnn" else {}
+    model = models.build_model(args.model, **kwargs).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    return model, opt
+
+
+def train_epoch(model, loader, optimizer, device, max_steps: int = 0) -> tuple[float, int]:
+    """One pass over ``loader``; returns (mean loss of this process, number of steps)."""
+    model.train()
+    total, steps = 0.0, 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+        steps += 1
+        if max_steps and steps >= max_steps:
+            break
+    return total / max(steps, 1), steps
+
+
+@torch.no_grad()
+def evaluate(model, loader, device) -> float:
+    """Accuracy of ``model`` on ``loader`` (call on one process: no collectives inside)."""
+    model.eval()
+    correct = seen = 0
+    for x, y in loader:
+        pred = model(x.to(device)).argmax(dim=1)
+        correct += (pred == y.to(device)).sum().item()
+        seen += len(y)
+    return correct / max(seen, 1)
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def summary_line(world_size: int, epochs: int, accuracy: float, seconds: float) -> str:
+    """The last line every training script prints; tests and notebooks parse it."""
+    return f"summary: world_size={world_size} epochs={epochs} accuracy={accuracy:.4f} seconds={seconds:.1f}"
+
+
+def parse_summary(text: str) -> dict:
+    """The key=value pairs of the last `summary:` line in ``text``."""
+    line = [ln for ln in text.splitlines() if ln.startswith("summary:")][-1]
+    pairs = dict(kv.split("=") for kv in line.split()[1:])
+    return {k: (int(v) if v.isdigit() else float(v)) for k, v in pairs.items()}
