@@ -10,6 +10,7 @@ gloo + CPU here, NCCL + cuda:LOCAL_RANK on a GPU node: the same file.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -35,9 +36,11 @@ def train(ctx, args) -> dict:
 
     model, opt = loop.build(args, ctx.device)
     start_epoch = 0
-    if args.resume:
+    if args.resume and os.path.exists(args.checkpoint):
         start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt, ctx.device)["epoch"]
         print0(f"resumed from {args.checkpoint} after epoch {start_epoch}")
+    elif args.resume:  # first attempt of a restartable job: nothing to resume yet
+        print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
     # (4) wrap the model: gradients are averaged across ranks during backward()
     model = DDP(model, device_ids=ctx.device_ids)
 
@@ -64,6 +67,7 @@ def train(ctx, args) -> dict:
 
 def main(argv=None):
     args = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0])).parse_args(argv)
+    loop.check_args(args)
     torch.set_num_threads(1)  # one core per process: on CPU the processes are the parallelism
     # (1) join the process group that torchrun (or srun) describes
     with session(launch_hint=LAUNCH, seed=args.seed) as ctx:

@@ -28,8 +28,14 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
     p.add_argument("--checkpoint", default="", help="snapshot path, written after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint if it exists (else start fresh and say so)")
     return p
+
+
+def check_args(args) -> None:
+    if args.resume and not args.checkpoint:
+        raise SystemExit("error: --resume needs --checkpoint PATH (the snapshot to continue from)")
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:

@@ -1,0 +1,102 @@
+"""Start several processes the way users do, from notebooks and tests.
+
+* ``torchrun(module, *args, nproc=N)``: ``python -m torch.distributed.run --standalone`` on a
+  module of source_code; the output comes back as text and a failure raises (a notebook cell
+  running ``!torchrun`` would pass even when torchrun fails).
+* ``spawn(fn, world_size, *args)``: torch.multiprocessing with a gloo group on a free port;
+  ``fn(*args)`` runs on every rank inside the group, and the list of its return values (one
+  per rank) comes back. ``fn`` must be importable (defined in source_code/, not in a cell).
+
+    python -m source_code.processes      # a 3-rank smoke test of both
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import traceback
+
+import torch.multiprocessing as mp
+
+
+class ProcessesFailed(RuntimeError):
+    pass
+
+
+def torchrun(module: str, *args, nproc: int = 2, env: dict | None = None, timeout: float = 600,
+             check: bool = True, extra: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``torchrun --standalone --nproc-per-node=nproc -m module args``; return the result.
+
+    stdout and stderr are merged into ``result.stdout``; with ``check`` a non-zero exit raises
+    ProcessesFailed showing the last lines, so a notebook cell fails as it should.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", *(extra or []), "-m", module, *map(str, args)]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=full_env, timeout=timeout)
+    if check and res.returncode != 0:
+        tail = "\n".join(res.stdout.splitlines()[-25:])
+        raise ProcessesFailed(f"exit status {res.returncode}: {' '.join(cmd[2:])}\n{tail}")
+    return res
+
+
+def rank_lines(text: str) -> str:
+    """The program's own lines of a torchrun output, without torchrun's banner warnings."""
+    return "\n".join(ln for ln in text.splitlines()
+                     if "torch/distributed/run.py" not in ln and "OMP_NUM_THREADS" not in ln)
+
+
+def _worker(rank, world_size, port, fn, args, queue):
+    from source_code.distributed import cleanup, setup
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        import torch
+        torch.set_num_threads(1)
+        setup()
+        queue.put((rank, True, fn(*args)))
+    except BaseException:  # report every failure to the parent, then exit non-zero
+        queue.put((rank, False, traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        cleanup()
+
+
+def spawn(fn, world_size: int, *args, timeout: float = 300) -> list:
+    """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results."""
+    from source_code.distributed import free_port
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    for _ in range(world_size):
+        rank, ok, value = queue.get()
+        (results.__setitem__(rank, value) if ok else errors.append(f"rank {rank}:\n{value}"))
+        if errors:
+            break
+    for p in procs:
+        p.join(timeout=timeout if not errors else 5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if errors:
+        raise ProcessesFailed("\n".join(errors))
+    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    if bad:
+        raise ProcessesFailed(f"processes ended badly (rank, exit code): {bad}")
+    return [results[r] for r in range(world_size)]
+
+
+def _whoami():
+    import torch.distributed as dist
+    return f"rank {dist.get_rank()} of {dist.get_world_size()} (pid {os.getpid()})"
+
+
+if __name__ == "__main__":
+    for line in spawn(_whoami, 3):
+        print(line)
