@@ -1,0 +1,1 @@
+"""Launching jobs for real: site profiles (the #SBATCH calculator), a sync check, crash simulation."""

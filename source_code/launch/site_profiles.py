@@ -1,0 +1,197 @@
+"""The resource calculator: the right #SBATCH lines for a site and a number of GPUs.
+
+    python -m source_code.launch.site_profiles --site lumi --gpus 16
+    python -m source_code.launch.site_profiles --site puhti --gpus 2 --launcher srun
+    sbatch $(python -m source_code.launch.site_profiles --site mahti --gpus 8 --format args) slurm/ddp_multinode.slurm
+    python -m source_code.launch.site_profiles --list
+
+The site profiles are the shell files slurm/sites/<site>.sh (the job scripts source them for
+their module lines and interconnect variables); this module reads their SITE_* values.
+
+Rules of thumb it applies:
+* whole nodes when the job needs more GPUs than a node has: the GPU count must then be a
+  multiple of the GPUs per node;
+* each GPU gets the same share of the node's CPU cores and memory as it has of the node's
+  GPUs (capped by the site: on LUMI at most 7 cores and 60 GB per GCD);
+* torchrun layout: one task per node holding all its GPUs' cores, torchrun starts the
+  processes; srun layout: one task per GPU with its share of cores;
+* no account in the header unless --account is given: sbatch reads SBATCH_ACCOUNT.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+SITES_DIR = Path(__file__).resolve().parents[2] / "slurm" / "sites"
+
+
+class ProfileError(SystemExit):
+    """Bad site or GPU count: one line, exit status 2."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+@dataclass(frozen=True)
+class Site:
+    key: str
+    name: str
+    partition: str
+    partition_full_nodes: str
+    gpus_per_node: int
+    gpu_request: str  # e.g. "--gres=gpu:v100:{n}", "--gpus-per-node={n}", "" (no GPUs)
+    cpus_per_node: int
+    mem_per_node_gb: int
+    max_cpus_per_gpu: int
+    max_mem_per_gpu_gb: int
+    environment: str  # the body of site_environment(): module lines, interconnect variables
+
+    @property
+    def cpus_per_gpu(self) -> int:
+        return max(1, min(self.cpus_per_node // self.gpus_per_node, self.max_cpus_per_gpu))
+
+    @property
+    def mem_per_gpu_gb(self) -> int:
+        return max(1, min(self.mem_per_node_gb // self.gpus_per_node, self.max_mem_per_gpu_gb))
+
+
+def sites() -> list[str]:
+    return sorted(p.stem for p in SITES_DIR.glob("*.sh"))
+
+
+def load(key: str) -> Site:
+    path = SITES_DIR / f"{key}.sh"
+    if not path.exists():
+        raise ProfileError(f"error: unknown site {key!r}; choose one of: {', '.join(sites())}")
+    text = path.read_text()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("SITE_") and "=" in line:
+            k, v = line.split("=", 1)
+            values[k] = (shlex.split(v, comments=True) or [""])[0]
+    body = text.split("site_environment() {", 1)[1].rsplit("}", 1)[0]
+    env = "\n".join(ln[4:] if ln.startswith("    ") else ln for ln in body.strip("\n").splitlines())
+    partition = values["SITE_PARTITION"]
+    return Site(key, values["SITE_NAME"], partition,
+                values.get("SITE_PARTITION_FULL_NODES", partition),
+                int(values["SITE_GPUS_PER_NODE"]), values["SITE_GPU_REQUEST"],
+                int(values["SITE_CPUS_PER_NODE"]), int(values["SITE_MEM_PER_NODE_GB"]),
+                int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env)
+
+
+def layout(site: Site, gpus: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for ``gpus`` GPUs, or a one-line error."""
+    if gpus < 1:
+        raise ProfileError("error: --gpus must be at least 1")
+    per = site.gpus_per_node
+    if gpus <= per:
+        return 1, gpus
+    if gpus % per:
+        lower, upper = (gpus // per) * per, math.ceil(gpus / per) * per
+        raise ProfileError(f"error: {gpus} GPUs do not fill whole {site.name} nodes of {per} "
+                           f"GPUs; use {lower} or {upper}")
+    return gpus // per, per
+
+
+def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
+                   account: str | None = None) -> list[tuple[str, str]]:
+    """The options as (flag, why) pairs, in the order they are printed."""
+    site = load(key)
+    nodes, per_node = layout(site, gpus)
+    full = per_node == site.gpus_per_node and site.gpu_request != ""
+    opts = [(f"--partition={site.partition_full_nodes if full else site.partition}",
+             "whole nodes" if full and site.partition_full_nodes != site.partition else
+             f"{site.name}")]
+    if account:
+        opts.append((f"--account={account}", "billing project"))
+    opts.append((f"--nodes={nodes}", f"{gpus} GPUs = {nodes} x {per_node}"))
+    cpus = site.cpus_per_gpu
+    if launcher == "torchrun":
+        opts += [("--ntasks-per-node=1", "one torchrun per node; it starts the processes"),
+                 (f"--cpus-per-task={cpus * per_node}", f"{cpus} cores per GPU")]
+    elif launcher == "srun":
+        opts += [(f"--ntasks-per-node={per_node}", "one task (process) per GPU"),
+                 (f"--cpus-per-task={cpus}", f"{cpus} cores per GPU")]
+    else:
+        raise ProfileError(f"error: --launcher {launcher!r}: choose torchrun or srun")
+    if site.gpu_request:
+        opts.append((site.gpu_request.format(n=per_node), f"{per_node} GPUs on each node"))
+    opts.append((f"--mem={site.mem_per_gpu_gb * per_node}G", f"{site.mem_per_gpu_gb} GB per GPU"))
+    opts.append((f"--time={time}", "wall-clock limit"))
+    # the job scripts source slurm/sites/<site>.sh (module lines, interconnect variables)
+    opts.append((f"--export=ALL,WORKSHOP_SITE={key}", f"job scripts load slurm/sites/{key}.sh"))
+    return opts
+
+
+def header(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
+           account: str | None = None) -> str:
+    opts = sbatch_options(key, gpus, launcher, time, account)
+    width = max(len(o) for o, _ in opts) + 9
+    lines = [f"#SBATCH {o}".ljust(width) + f"  # {why}" for o, why in opts]
+    if not account:
+        lines.append("# account: export SBATCH_ACCOUNT=<your project> before sbatch (or pass --account)")
+    return "\n".join(lines)
+
+
+def args(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
+         account: str | None = None) -> list[str]:
+    """The same as sbatch command-line options (they override the script's #SBATCH lines)."""
+    return [o for o, _ in sbatch_options(key, gpus, launcher, time, account)]
+
+
+def table(gpus: int) -> list[dict]:
+    """One row per site: the layout of ``gpus`` GPUs (used by the launching notebook)."""
+    rows = []
+    for key in sites():
+        site = load(key)
+        try:
+            nodes, per_node = layout(site, gpus)
+        except ProfileError as err:
+            rows.append({"site": key, "error": err.message})
+            continue
+        rows.append({"site": key, "nodes": nodes, "gpus_per_node": per_node,
+                     "cpus_per_gpu": site.cpus_per_gpu, "mem_per_gpu_gb": site.mem_per_gpu_gb})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--site", help=f"one of the profiles in {SITES_DIR}")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs in total (default: one node's)")
+    p.add_argument("--launcher", default="torchrun", help="torchrun (a task per node) | srun (a task per GPU)")
+    p.add_argument("--time", default="00:30:00")
+    p.add_argument("--account", default=None, help="billing project (default: SBATCH_ACCOUNT)")
+    p.add_argument("--format", default="header", choices=["header", "args", "env"],
+                   help="header: #SBATCH lines; args: sbatch options; env: the site's module lines")
+    p.add_argument("--list", action="store_true", help="list the sites")
+    a = p.parse_args(argv)
+    try:
+        if a.list:
+            for key in sites():
+                s = load(key)
+                print(f"{key:8s} {s.name}: {s.gpus_per_node} GPUs/node, partition {s.partition}")
+            return 0
+        if not a.site:
+            raise ProfileError(f"error: --site is required; one of: {', '.join(sites())}")
+        gpus = a.gpus or load(a.site).gpus_per_node
+        if a.format == "header":
+            print(header(a.site, gpus, a.launcher, a.time, a.account))
+        elif a.format == "args":
+            print(" ".join(shlex.quote(x) for x in args(a.site, gpus, a.launcher, a.time, a.account)))
+        else:
+            print(load(a.site).environment)
+    except ProfileError as err:
+        print(err.message, file=__import__("sys").stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

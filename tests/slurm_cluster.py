@@ -1,0 +1,297 @@
+"""A real two-node Slurm cluster on this one machine, for the tests (and by hand).
+
+    sudo .venv/bin/python tests/slurm_cluster.py start     # install if needed, start, wait for idle
+    sudo .venv/bin/python tests/slurm_cluster.py stop
+
+What it starts (as root, no systemd needed):
+* munged (only if none answers yet; stopped again only if we started it);
+* slurmctld in the machine's own namespaces;
+* two slurmd, nodes ``n1`` and ``n2``, each in its own UTS namespace (so ``hostname`` says n1 or
+  n2: torchrun's c10d rendezvous decides which node hosts the store by comparing host names)
+  and its own mount namespace. Both share the host network; each slurmd listens on its own
+  port and its node name resolves to its own loopback address (127.0.1.1 / 127.0.1.2).
+
+Partition ``debug``, 2 CPUs and 8000 MB per node, no GPUs: the ``local`` site profile.
+State, logs and pid files live in a directory under /tmp, never in the repository.
+``submit()`` polls squeue every 0.5 s (``sbatch --wait`` backs off up to 32 s between polls).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NODES = {"n1": ("127.0.1.1", 17001), "n2": ("127.0.1.2", 17002)}
+MARK = "# written by tests/slurm_cluster.py"
+CONF = Path("/etc/slurm/slurm.conf")
+PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+DEFAULT_BASE = Path("/tmp/workshop-slurm")
+
+
+class ClusterUnavailable(RuntimeError):
+    """Slurm cannot run here (not root, no unshare, foreign slurm.conf, install failed)."""
+
+
+def _run(cmd, check=True, **kw):
+    return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)
+
+
+def _say(msg):
+    print(f"[slurm_cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def why_not_possible() -> str | None:
+    """None when this machine can host the cluster, else the reason (for a skip)."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return "the local Slurm cluster needs root (it installs packages and starts daemons)"
+    if not shutil.which("unshare"):
+        return "unshare (util-linux) is missing: each slurmd needs its own UTS namespace"
+    res = subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if res.returncode != 0:
+        return f"cannot create UTS/mount namespaces here: {res.stderr.strip()}"
+    if CONF.exists() and MARK not in CONF.read_text():
+        return f"{CONF} exists and was not written by this harness: refusing to replace it"
+    if not all(shutil.which(p) for p in ("slurmctld", "slurmd", "sbatch", "munged")) \
+            and not shutil.which("apt-get"):
+        return "Slurm is not installed and apt-get is not available to install it"
+    return None
+
+
+def install() -> None:
+    if all(shutil.which(p) for p in ("slurmctld", "slurmd", "sbatch", "munged")):
+        return
+    _say("installing " + " ".join(PACKAGES))
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "update", "-qq"], env=env)
+    res = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+                         env=env, capture_output=True, text=True)
+    if res.returncode != 0:  # postinst "policy-rc.d denied execution of start" is harmless
+        raise ClusterUnavailable(f"apt-get install failed: {res.stderr.strip()[-400:]}")
+
+
+def _munge_ok() -> bool:
+    p = subprocess.run("munge -n | unmunge", shell=True, capture_output=True)
+    return p.returncode == 0
+
+
+def _hosts() -> None:
+    """Node names must resolve: MASTER_ADDR=$(scontrol show hostnames ...) gives n1."""
+    text = Path("/etc/hosts").read_text()
+    add = [f"{ip} {name}" for name, (ip, _) in NODES.items()
+           if not re.search(rf"^{re.escape(ip)}\s+{name}\s*$", text, re.M)]
+    if add:
+        with open("/etc/hosts", "a") as f:
+            f.write("".join(line + "\n" for line in add))
+
+
+def slurm_conf(base: Path, cpus: int, mem_mb: int) -> str:
+    nodes = "\n".join(f"NodeName={n} NodeAddr={ip} Port={port} CPUs={cpus} RealMemory={mem_mb} "
+                      "State=UNKNOWN" for n, (ip, port) in NODES.items())
+    return f"""{MARK}; state in {base}
+ClusterName=workshop
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+SlurmctldPort=6817
+StateSaveLocation={base}/state/ctld
+SlurmdSpoolDir={base}/state/slurmd-%n
+SlurmctldPidFile={base}/run/slurmctld.pid
+SlurmdPidFile={base}/run/slurmd-%n.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+# more CPUs than the machine has may be declared (SLURM_NODE_CPUS): config_overrides
+SlurmdParameters=config_overrides
+# two slurmd on one host: NO CommunicationParameters=NoInAddrAny, a distinct Port each
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def idle_nodes() -> int:
+    res = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True)
+    return sum(1 for ln in res.stdout.splitlines() if ln.split()[-1:] == ["idle"])
+
+
+def is_running() -> bool:
+    return shutil.which("sinfo") is not None and idle_nodes() + _busy_nodes() == len(NODES)
+
+
+def _busy_nodes() -> int:
+    res = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True)
+    return sum(1 for s in res.stdout.split() if s in ("alloc", "mix", "comp"))
+
+
+def start(base: Path = DEFAULT_BASE, cpus: int | None = None, mem_mb: int = 8000,
+          timeout: float = 60) -> Path:
+    """Install if needed, (re)start ctld + n1 + n2, wait until both nodes are idle."""
+    reason = why_not_possible()
+    if reason:
+        raise ClusterUnavailable(reason)
+    t0 = time.time()
+    install()
+    cpus = cpus or int(os.environ.get("SLURM_NODE_CPUS", 2))
+    stop(base, quiet=True)
+    _hosts()
+    if not _munge_ok():
+        Path("/run/munge").mkdir(exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        _run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
+        for _ in range(50):
+            if _munge_ok():
+                break
+            time.sleep(0.1)
+        (base / "run").mkdir(parents=True, exist_ok=True)
+        (base / "run" / "we-started-munged").write_text(Path("/run/munge/munged.pid").read_text())
+    if not _munge_ok():
+        raise ClusterUnavailable("munged does not answer (munge -n | unmunge fails)")
+    for sub in ("state", "log"):
+        shutil.rmtree(base / sub, ignore_errors=True)
+    for d in ["state/ctld", "log", "run"] + [f"state/slurmd-{n}" for n in NODES]:
+        (base / d).mkdir(parents=True, exist_ok=True)
+    CONF.parent.mkdir(parents=True, exist_ok=True)
+    CONF.write_text(slurm_conf(base, cpus, mem_mb))
+    _run(["/usr/sbin/slurmctld", "-i"])
+    for n in NODES:
+        # own hostname (UTS) and own mounts; the network stays shared (loopback aliases)
+        _run(["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
+              f"hostname {n} && exec /usr/sbin/slurmd -N {n}"])
+    while time.time() - t0 < timeout:
+        if idle_nodes() == len(NODES):
+            _say(f"cluster up in {time.time() - t0:.1f} s: nodes {' '.join(NODES)}, "
+                 f"{cpus} CPUs each, state in {base}")
+            return base
+        time.sleep(0.5)
+    logs = "\n".join(p.read_text()[-800:] for p in sorted((base / "log").glob("*.log")))
+    stop(base, quiet=True)
+    raise ClusterUnavailable(f"nodes not idle after {timeout:.0f} s; logs:\n{logs}")
+
+
+def _pids(base: Path) -> list[int]:
+    out = []
+    for f in (base / "run").glob("*.pid"):
+        try:
+            out.append(int(f.read_text().split()[0]))
+        except (ValueError, IndexError):
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def stop(base: Path = DEFAULT_BASE, quiet: bool = False) -> None:
+    """Cancel jobs, TERM the daemons named in our pid files (never by name), KILL leftovers."""
+    if not (base / "run").exists():
+        return
+    if shutil.which("squeue") and any(_alive(p) for p in _pids(base)):
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                              timeout=10).stdout.split()
+        if jobs:
+            subprocess.run(["scancel", *jobs], capture_output=True)
+            time.sleep(1)
+    pids = _pids(base)
+    marker = base / "run" / "we-started-munged"
+    if marker.exists():
+        pids.append(int(marker.read_text().split()[0]))
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    for p in pids:
+        if _alive(p):
+            os.kill(p, signal.SIGKILL)
+    for f in (base / "run").glob("*.pid"):
+        f.unlink()
+    marker.unlink(missing_ok=True)
+    if not quiet:
+        _say(f"stopped {len(pids)} daemons")
+
+
+# --------------------------------------------------------------------------- jobs
+@dataclass
+class Job:
+    id: str
+    state: str
+    exit_code: str
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED"
+
+
+def job_info(job_id: str) -> dict:
+    text = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                          text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def wait(job_id: str, timeout: float = 120) -> dict:
+    """Poll every 0.5 s until the job left the queue; scancel it on timeout."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        info = job_info(job_id)
+        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
+                                         "REQUEUED", "RESIZING", "SUSPENDED"):
+            return info
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], capture_output=True)
+    raise TimeoutError(f"job {job_id} still {job_info(job_id).get('JobState')} after {timeout:.0f} s")
+
+
+def sbatch(script, *args, sbatch_args=(), env=None, cwd=None) -> str:
+    """Submit; return the job id (raises CalledProcessError with sbatch's message on refusal)."""
+    res = subprocess.run(["sbatch", "--parsable", *sbatch_args, str(script), *map(str, args)],
+                         capture_output=True, text=True, env=env, cwd=cwd)
+    if res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
+    return res.stdout.strip().split(";")[0]
+
+
+def run_job(script, *args, sbatch_args=(), env=None, cwd=None, timeout: float = 120) -> Job:
+    t0 = time.time()
+    job_id = sbatch(script, *args, sbatch_args=sbatch_args, env=env, cwd=cwd)
+    info = wait(job_id, timeout)
+    out_path = info.get("StdOut", "")
+    output = Path(out_path).read_text() if out_path and Path(out_path).exists() else ""
+    return Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"), output,
+               time.time() - t0)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else "start"
+    if cmd == "start":
+        start()
+        print(subprocess.run(["sinfo", "-N"], capture_output=True, text=True).stdout)
+    elif cmd == "stop":
+        stop()
+    else:
+        sys.exit("usage: slurm_cluster.py start|stop")
