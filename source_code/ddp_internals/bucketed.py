@@ -1,0 +1,119 @@
+"""A bucketed DDP that overlaps the gradient all-reduce with backward(), as torch's DDP does.
+
+    model = BucketedDDP(net, bucket_mb=0.25)
+    loss_fn(model(x), y).backward()  # buckets are all-reduced while backward() still runs
+    model.sync_gradients()           # wait for the last ones, copy the means into .grad
+    optimizer.step()
+
+How: backward() produces gradients roughly in reverse order of the parameters (the last
+layer's first). The parameters are grouped, in that reverse order, into buckets of about
+``bucket_mb`` megabytes. A hook registered with ``Tensor.register_post_accumulate_grad_hook``
+runs as soon as a parameter's gradient is final; when the last parameter of a bucket is ready,
+the bucket's gradients are flattened into one buffer, divided by the world size and handed to
+an asynchronous ``all_reduce`` -- while autograd goes on computing earlier layers' gradients.
+Before the optimizer step, ``sync_gradients`` waits for every bucket and copies the averaged
+values back into ``.grad``. Fewer, larger messages (less latency paid) and overlap with
+computation: the two ideas of torch's DDP Reducer.
+
+``no_sync()`` skips the communication (gradients keep accumulating locally), for gradient
+accumulation; see no_sync.py.
+Run in the comparison: ``torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from source_code.ddp_internals.naive import broadcast_parameters
+
+
+def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
+    """Group ``params`` in REVERSE order into buckets of at least ``bucket_bytes`` (the last may be smaller).
+
+    Reverse order because backward() finishes the last layers first: their bucket fills first
+    and its all-reduce can start earliest.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes; pass e.g. bucket_mb=0.25")
+    buckets, current, size = [], [], 0
+    for p in reversed(params):
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class BucketedDDP(nn.Module):
+    """Wrap ``module``; call ``sync_gradients()`` between backward() and optimizer.step()."""
+
+    def __init__(self, module: nn.Module, bucket_mb: float = 0.25):
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        broadcast_parameters(module)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = make_buckets(params, int(bucket_mb * 2**20))
+        self._bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
+        self._ready = [0] * len(self.buckets)
+        self._pending: list[tuple[dist.Work, int, torch.Tensor]] = []
+        self.require_sync = True
+        self.collectives = 0  # all_reduce calls issued so far (each from a hook, during backward)
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside: backward() only accumulates local gradients; the next synced backward averages the sum."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    @torch.no_grad()
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self.require_sync:
+            return
+        i = self._bucket_of[param]
+        self._ready[i] += 1
+        if self._ready[i] == len(self.buckets[i]):  # the bucket is full: send it now
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            flat.div_(self.world_size)  # divide first, then SUM = mean (as torch's DDP does)
+            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+            self._pending.append((work, i, flat))
+            self.collectives += 1
+
+    @torch.no_grad()
+    def sync_gradients(self) -> None:
+        """Wait for every bucket's all-reduce and write the averaged gradients back."""
+        if not self.require_sync:
+            return
+        missing = [i for i, n in enumerate(self._ready) if n != len(self.buckets[i])]
+        if missing:
+            self._pending.clear()
+            self._ready = [0] * len(self.buckets)
+            raise RuntimeError(f"buckets {missing} never filled: some parameters got no gradient "
+                               "in this step; give every parameter a path to the loss")
+        for work, i, flat in self._pending:
+            work.wait()
+            offset = 0
+            for p in self.buckets[i]:
+                n = p.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+        self._pending.clear()
+        self._ready = [0] * len(self.buckets)
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

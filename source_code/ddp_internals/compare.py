@@ -1,0 +1,134 @@
+"""Own naive DDP vs own bucketed DDP vs torch's DDP: the same training, side by side, in one run.
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare
+    torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare --steps 100 --width 64 --out times.json
+
+Three copies of the same model (same seed) are trained on the same batches, interleaved step
+by step (the order rotates every step, so a noisy neighbour slows all three alike). Printed:
+a table of step times (median over the steps after --warmup) and the largest absolute
+difference between the three sets of final weights; the run fails if that exceeds --tol,
+because all three must compute the same averaged gradients. Rank 0's step times are reported;
+--out writes them all as JSON for plotting (notebook 05).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from source_code import data, models
+from source_code.ddp_internals.bucketed import BucketedDDP
+from source_code.ddp_internals.naive import NaiveDDP
+from source_code.distributed import print0, run_main, session
+
+LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare"
+IMPLS = ("naive", "bucketed", "torch")
+
+
+def build(kind: str, ctx, args):
+    torch.manual_seed(args.seed)  # identical initial weights for the three
+    net = models.SmallCNN(width=args.width).to(ctx.device)
+    if kind == "naive":
+        model = NaiveDDP(net)
+    elif kind == "bucketed":
+        model = BucketedDDP(net, bucket_mb=args.bucket_mb)
+    else:
+        model = DDP(net, device_ids=ctx.device_ids, bucket_cap_mb=args.bucket_mb)
+    return model, torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+
+
+def timed_step(model, opt, x, y, device) -> float:
+    start = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    if hasattr(model, "sync_gradients"):  # own wrappers: all-reduce (naive) or wait for buckets
+        model.sync_gradients()
+    opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def max_abs_diff(a, b) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.module.parameters(), b.module.parameters()))
+
+
+def run(ctx, args) -> dict:
+    train_set = data.load("digits", "train")
+    per_rank = args.batch_size // ctx.world_size
+    sampler = DistributedSampler(train_set, ctx.world_size, ctx.rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True)
+    runs = {k: build(k, ctx, args) for k in IMPLS}
+    times = {k: [] for k in IMPLS}
+    step, epoch = 0, 0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            x, y = x.to(ctx.device), y.to(ctx.device)
+            order = IMPLS[step % 3:] + IMPLS[:step % 3]  # rotate who goes first
+            for kind in order:
+                times[kind].append(timed_step(*runs[kind], x, y, ctx.device))
+            step += 1
+            if step == args.steps:
+                break
+        epoch += 1
+    diffs = {f"{a}-{b}": max_abs_diff(runs[a][0], runs[b][0]) for a, b in itertools.combinations(IMPLS, 2)}
+    collectives = {k: getattr(runs[k][0], "collectives", None) for k in IMPLS}
+    del runs  # free the DDP modules inside the session (clean exit)
+    return {"times": times, "diffs": diffs, "collectives": collectives}
+
+
+def report(res: dict, args) -> None:
+    print0(f"{'implementation':<15}{'median ms':>10}{'mean ms':>10}{'vs torch':>10}{'all_reduce/step':>17}")
+    med = {k: statistics.median(v[args.warmup:]) * 1e3 for k, v in res["times"].items()}
+    for k, v in res["times"].items():
+        calls = res["collectives"][k]
+        per_step = f"{calls / args.steps:.0f}" if calls is not None else "(internal)"
+        print0(f"{k:<15}{med[k]:>10.2f}{statistics.mean(v[args.warmup:]) * 1e3:>10.2f}"
+               f"{med[k] / med['torch']:>10.2f}{per_step:>17}")
+    for k in IMPLS:
+        print0(f"compare: impl={k} median_ms={med[k]:.3f}")
+    print0("compare: " + " ".join(f"max_abs_diff[{k}]={v:.2e}" for k, v in res["diffs"].items()))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
+    p.add_argument("--batch-size", type=int, default=64, help="global batch size")
+    p.add_argument("--width", type=int, default=32, help="SmallCNN width (parameters grow ~width^2)")
+    p.add_argument("--bucket-mb", type=float, default=0.25)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--out", default="", help="write rank 0's step times and the differences as JSON")
+    args = p.parse_args(argv)
+    if args.steps <= args.warmup:
+        raise SystemExit(f"error: --steps {args.steps} must exceed --warmup {args.warmup}")
+    torch.set_num_threads(1)
+    with session(launch_hint=LAUNCH) as ctx:
+        if args.batch_size % ctx.world_size:
+            raise SystemExit(f"error: --batch-size {args.batch_size} does not divide among "
+                             f"{ctx.world_size} processes")
+        res = run(ctx, args)
+        rank = ctx.rank
+        report(res, args)
+        if ctx.is_main and args.out:
+            with open(args.out, "w") as f:
+                json.dump({"world_size": ctx.world_size, "warmup": args.warmup, **res}, f)
+    worst = max(res["diffs"].values())
+    if worst > args.tol:
+        raise SystemExit(1 if rank else f"error: final weights differ by {worst:.2e} > --tol {args.tol}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
