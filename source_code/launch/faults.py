@@ -1,0 +1,127 @@
+"""Fault drills: a rank that dies mid-epoch, a process killed while it writes a snapshot.
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=1 -m source_code.training.ddp \\
+        --epochs 3 --max-steps 6 --checkpoint /tmp/snap.pt --resume --crash-at-step 9
+    python -m source_code.launch.faults kill-during-write /tmp/snap.pt
+
+* ``arm_crash``: on the FIRST attempt only (TORCHELASTIC_RESTART_COUNT and SLURM_RESTART_COUNT
+  both 0), rank 1 sends itself SIGKILL right after the optimizer's N-th global step, the way a
+  node failure or an out-of-memory kill ends a process: no exception, no cleanup. torchrun
+  then stops the other ranks and (with --max-restarts) starts them all again.
+* ``kill_during_write``: a child process rewrites a large snapshot with ``atomic_save`` over
+  and over; it is SIGKILLed while a write is in flight (its temporary file exists). The
+  snapshot at the real path must still load and be a complete earlier version.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def first_attempt(env=None) -> bool:
+    env = os.environ if env is None else env
+    return (env.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            and env.get("SLURM_RESTART_COUNT", "0") == "0")
+
+
+def arm_crash(optimizer, at_step: int, rank: int, world_size: int, steps_done: int = 0) -> bool:
+    """Make rank 1 (rank 0 when alone) SIGKILL itself after global step ``at_step``.
+
+    ``steps_done``: optimizer steps already taken before this attempt (a resumed run).
+    Returns whether the crash is armed on this rank.
+    """
+    if at_step <= 0 or not first_attempt() or rank != min(1, world_size - 1):
+        return False
+    count = [steps_done]
+
+    def after_step(opt, args, kwargs):
+        count[0] += 1
+        if count[0] == at_step:
+            print(f"rank {rank}: simulated failure after global step {at_step} (SIGKILL)",
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    optimizer.register_step_post_hook(after_step)
+    return True
+
+
+def steps_per_epoch(loader, max_steps: int = 0) -> int:
+    return min(len(loader), max_steps) if max_steps else len(loader)
+
+
+# --------------------------------------------------------------------------- interrupted writes
+def _rewrite_forever(path: str, megabytes: int) -> None:
+    from source_code.checkpoint import atomic_save
+    n = megabytes * 2**20 // 4
+    version = 0
+    while True:
+        version += 1
+        atomic_save({"version": version, "weights": torch.full((n,), float(version))}, path)
+        print(version, flush=True)
+
+
+def kill_during_write(path, megabytes: int = 64, timeout: float = 60) -> dict:
+    """Kill a writer while a write is in flight; report what is left at ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob(path.name + ".*.tmp"):
+        old.unlink()
+    path.unlink(missing_ok=True)
+    child = subprocess.Popen([sys.executable, "-m", "source_code.launch.faults", "rewrite",
+                              str(path), "--megabytes", str(megabytes)],
+                             stdout=subprocess.PIPE, text=True)
+    t0 = time.time()
+    written = 0
+    try:
+        written = int(child.stdout.readline() or 0)  # one complete snapshot exists
+        while time.time() - t0 < timeout:
+            tmp = list(path.parent.glob(path.name + ".*.tmp"))
+            if tmp and tmp[0].stat().st_size > 0:  # the next version is being written
+                child.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.001)
+        else:
+            raise TimeoutError("never saw a write in flight")
+    finally:
+        child.kill()
+        child.wait()
+    snap = torch.load(path, weights_only=True)
+    leftovers = list(path.parent.glob(path.name + ".*.tmp"))
+    result = {"killed_mid_write": bool(leftovers),
+              "partial_bytes": leftovers[0].stat().st_size if leftovers else 0,
+              "full_bytes": path.stat().st_size, "version": snap["version"],
+              "complete": bool((snap["weights"] == snap["version"]).all())
+              and snap["weights"].numel() == megabytes * 2**20 // 4,
+              "first_version_seen": written}
+    for f in leftovers:
+        f.unlink()
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kill-during-write", help="kill a writer mid-write, then load what is left")
+    k.add_argument("path")
+    k.add_argument("--megabytes", type=int, default=64)
+    r = sub.add_parser("rewrite", help="(the child of kill-during-write)")
+    r.add_argument("path")
+    r.add_argument("--megabytes", type=int, default=64)
+    a = p.parse_args(argv)
+    if a.cmd == "rewrite":
+        _rewrite_forever(a.path, a.megabytes)
+    else:
+        res = kill_during_write(a.path, a.megabytes)
+        print(" ".join(f"{k}={v}" for k, v in res.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
