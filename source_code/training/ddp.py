@@ -19,6 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from source_code import checkpoint, data
 from source_code.distributed import all_reduce_mean, print0, run_main, session
+from source_code.launch import faults
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.training.ddp"
@@ -41,6 +42,9 @@ def train(ctx, args) -> dict:
         print0(f"resumed from {args.checkpoint} after epoch {start_epoch}")
     elif args.resume:  # first attempt of a restartable job: nothing to resume yet
         print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
+    # fault drill (--crash-at-step): rank 1 SIGKILLs itself on the first attempt only
+    faults.arm_crash(opt, args.crash_at_step, ctx.rank, ctx.world_size,
+                     start_epoch * faults.steps_per_epoch(loader, args.max_steps))
     # (4) wrap the model: gradients are averaged across ranks during backward()
     model = DDP(model, device_ids=ctx.device_ids)
 
@@ -66,7 +70,10 @@ def train(ctx, args) -> dict:
 
 
 def main(argv=None):
-    args = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0])).parse_args(argv)
+    parser = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--crash-at-step", type=int, default=0,
+                        help="fault drill: on the first attempt rank 1 kills itself after this global step")
+    args = parser.parse_args(argv)
     loop.check_args(args)
     torch.set_num_threads(1)  # one core per process: on CPU the processes are the parallelism
     # (1) join the process group that torchrun (or srun) describes
