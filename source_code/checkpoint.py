@@ -13,6 +13,7 @@ never a truncated file.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import random
 import tempfile
@@ -21,24 +22,28 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from source_code.distributed import LaunchError, run_main
 
-class CheckpointMismatch(SystemExit):
-    """A snapshot that does not fit the model being trained (exit status 2, one line)."""
 
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
+class CheckpointMismatch(LaunchError):
+    """A snapshot that does not fit the model being trained (exit status 2, one line).
 
-    def __str__(self):
-        return self.message
+    A LaunchError, so that ``run_main`` prints the line instead of exiting silently.
+    """
 
 
 def atomic_save(obj, path) -> None:
-    """torch.save(obj, path) such that ``path`` is always either the old or the new file."""
+    """torch.save(obj, path) such that ``path`` is always either the old or the new file.
+
+    The temporary file is ``PATH.<random>.tmp`` in the same directory (os.replace is atomic
+    only within one file system). An exception removes it; a SIGKILL cannot, so the next
+    successful save removes such leftovers of killed writers (they can be gigabytes).
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    started = os.stat(tmp).st_mtime
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -49,6 +54,27 @@ def atomic_save(obj, path) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync_dir(directory)  # make the rename itself survive a power cut
+    pattern = os.path.join(glob.escape(directory), glob.escape(os.path.basename(path)) + ".*.tmp")
+    for stale in glob.glob(pattern):
+        try:  # only files last touched before this write began: never a live writer's
+            if os.stat(stale).st_mtime < started:
+                os.remove(stale)
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some file systems do not open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def model_signature(model: torch.nn.Module) -> dict:
@@ -87,12 +113,8 @@ def save_snapshot(path, model, optimizer, epoch: int, extra: dict | None = None)
         dist.barrier()
 
 
-def load_snapshot(path, model, optimizer=None, map_location="cpu") -> dict:
-    """Load a snapshot into ``model`` (and ``optimizer``); return it (epoch, extra, ...).
-
-    Restores this rank's RNG state when the world size matches the one that wrote it; with a
-    different world size the RNG streams cannot match anyway, and each rank keeps its seed.
-    """
+def read_snapshot(path, map_location="cpu") -> dict:
+    """The snapshot at ``path``; CheckpointMismatch (one line) for anything that is not one."""
     try:
         snap = torch.load(path, map_location=map_location, weights_only=False)
     except FileNotFoundError:
@@ -101,9 +123,19 @@ def load_snapshot(path, model, optimizer=None, map_location="cpu") -> dict:
     except Exception as exc:
         raise CheckpointMismatch(f"error: {path} is not a readable snapshot ({type(exc).__name__}); "
                                  "delete it or point --checkpoint elsewhere") from None
-    if not isinstance(snap, dict) or "signature" not in snap:
+    if not isinstance(snap, dict) or not {"signature", "model", "optimizer", "epoch"} <= snap.keys():
         raise CheckpointMismatch(f"error: {path} is not a training snapshot of this workshop; "
                                  "point --checkpoint at one written by --checkpoint")
+    return snap
+
+
+def load_snapshot(path, model, optimizer=None, map_location="cpu") -> dict:
+    """Load a snapshot into ``model`` (and ``optimizer``); return it (epoch, extra, ...).
+
+    Restores this rank's RNG state when the world size matches the one that wrote it; with a
+    different world size the RNG streams cannot match anyway, and each rank keeps its seed.
+    """
+    snap = read_snapshot(path, map_location)
     want, got = model_signature(model), snap["signature"]
     if want != got:
         diff = sorted(set(want["shapes"].items()) ^ set(got["shapes"].items()))[:1]
@@ -127,12 +159,14 @@ def main(argv=None):
     show = sub.add_parser("show", help="summarise a snapshot")
     show.add_argument("path")
     args = p.parse_args(argv)
-    snap = torch.load(args.path, map_location="cpu", weights_only=False)
+    snap = read_snapshot(args.path)
     sig = snap["signature"]
     n = sum(int(np.prod(s)) for s in sig["shapes"].values())
     print(f"{args.path}: model={sig['class']} tensors={len(sig['shapes'])} numbers={n} "
-          f"epochs_done={snap['epoch']} ranks_rng={len(snap['rng'])} extra={snap['extra']}")
+          f"epochs_done={snap['epoch']} ranks_rng={len(snap.get('rng', []))} "
+          f"extra={snap.get('extra', {})}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
