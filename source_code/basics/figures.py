@@ -1,0 +1,67 @@
+"""Figures of notebooks 00 and 01, drawn from real runs; each returns the figure and saves a PNG.
+
+    fig = pingpong_figure(results, alpha, beta, "../images/00_pingpong.png")
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from source_code.basics.pingpong import crossover_bytes, model_time
+
+
+def _save(fig, path):
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
+
+
+def pingpong_figure(results: list[dict], alpha: float, beta: float, path=None):
+    """Measured one-way time vs message size on log-log axes, with the alpha-beta model."""
+    n = np.array([r["bytes"] for r in results], dtype=float)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for r in results:  # every round trip, faint: the spread a busy machine adds
+        ax.scatter([r["bytes"]] * len(r["rtt_s"]), np.array(r["rtt_s"]) / 2 * 1e6, s=6,
+                   color="0.75", zorder=1)
+    ax.plot(n, [r["one_way_s"] * 1e6 for r in results], "o", label="measured (fastest round trip / 2)",
+            zorder=3)
+    grid = np.geomspace(n.min(), n.max(), 200)
+    ax.plot(grid, model_time(grid, alpha, beta) * 1e6, "-",
+            label=f"model: {alpha * 1e6:.0f} us + n / {beta / 1e9:.2f} GB/s", zorder=2)
+    ax.axhline(alpha * 1e6, ls=":", color="0.4", label="latency alpha")
+    ax.axvline(crossover_bytes(alpha, beta), ls="--", color="0.4", label="n = alpha x beta")
+    ax.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
+           ylabel="one-way time (us)", title="Ping-pong between two processes")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def sgd_figure(runs: dict, path=None):
+    """Full training loss against epochs (left) and against updates (right)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, h in runs.items():
+        a.plot(h["epochs"], h["loss"], label=name)
+        b.plot(h["updates"], h["loss"], label=name)
+    a.set(xlabel="epochs (passes over the data)", ylabel="training loss", yscale="log",
+          title="Same compute: loss per epoch")
+    b.set(xlabel="updates (one gradient evaluation each)", xscale="symlog", yscale="log",
+          title="Same number of updates")
+    a.legend(fontsize=8)
+    b.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def lr_scaling_figure(runs: dict, path=None):
+    """Loss against epochs for the linear-scaling runs, and a zoom on the first epoch."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, h in runs.items():
+        a.plot(h["epochs"], h["loss"], label=name)
+        first = [(e, l) for e, l in zip(h["epochs"], h["loss"]) if e <= 1.0]
+        b.plot(*zip(*first), ".-", label=name)
+    a.set(xlabel="epochs", ylabel="training loss", yscale="log", title="Linear scaling rule")
+    b.set(xlabel="epochs", ylabel="training loss", yscale="log", title="First epoch: the warmup")
+    a.legend(fontsize=8)
+    return _save(fig, path)

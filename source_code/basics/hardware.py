@@ -1,0 +1,111 @@
+"""What this machine has: CPU cores, memory, torch and CUDA versions, GPUs, GPU topology.
+
+    python -m source_code.basics.hardware
+
+``describe()`` returns the facts as a dict (the notebook prints and checks them);
+``topology()`` returns ``nvidia-smi topo -m`` output, or a sentence saying why there is none.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+
+import torch
+import torch.distributed as dist
+
+
+def memory_gib() -> float | None:
+    """Total RAM in GiB from /proc/meminfo (Linux), None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the Slurm/cgroup allocation), not all cores of the node."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS / Windows
+        return os.cpu_count() or 1
+
+
+def gpus() -> list[dict]:
+    """One dict per visible CUDA (or ROCm) device: index, name, memory in GiB, SM count."""
+    out = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            out.append({"index": i, "name": p.name, "memory_gib": p.total_memory / 2**30,
+                        "multiprocessors": p.multi_processor_count})
+    return out
+
+
+def topology() -> str:
+    """``nvidia-smi topo -m`` (how GPUs, NICs and CPUs connect), or why it is not available."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ("nvidia-smi not found: no NVIDIA driver on this machine, so there is no GPU "
+                "topology to show (processes talk through shared memory / loopback TCP)")
+    res = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        return f"nvidia-smi topo -m failed (exit {res.returncode}): {res.stderr.strip()}"
+    return res.stdout.rstrip()
+
+
+def describe() -> dict:
+    """The facts a distributed-training user checks first, as plain Python values."""
+    return {
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "cpu_cores_total": os.cpu_count(),
+        "cpu_cores_usable": usable_cores(),
+        "memory_gib": memory_gib(),
+        "torch": torch.__version__,
+        "torch_built_with_cuda": torch.version.cuda,  # None for a CPU-only build
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": gpus(),
+        "backends": {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+                     "mpi": dist.is_mpi_available()},
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def format_report(info: dict) -> str:
+    mem = f"{info['memory_gib']:.1f} GiB" if info["memory_gib"] else "unknown"
+    lines = [
+        f"host            {info['hostname']}",
+        f"CPU cores       {info['cpu_cores_usable']} usable of {info['cpu_cores_total']}",
+        f"memory          {mem}",
+        f"python / torch  {info['python']} / {info['torch']}",
+        f"torch CUDA      built with {info['torch_built_with_cuda'] or 'no CUDA'}; "
+        f"available: {info['cuda_available']}",
+        "backends        " + ", ".join(k for k, v in info["backends"].items() if v),
+    ]
+    if info["gpus"]:
+        for g in info["gpus"]:
+            lines.append(f"GPU {g['index']}           {g['name']}, {g['memory_gib']:.1f} GiB, "
+                         f"{g['multiprocessors']} SMs")
+    else:
+        lines.append("GPUs            none visible: training runs on the CPU with gloo")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    import argparse
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    print(format_report(describe()))
+    print()
+    print(topology())
+    return 0
+
+
+if __name__ == "__main__":
+    from source_code.distributed import run_main
+    run_main(main)
