@@ -1,0 +1,141 @@
+"""The job scripts of slurm/ submitted for real to a local two-node Slurm cluster (n1, n2).
+
+The session fixture starts the cluster (tests/slurm_cluster.py: installs the Debian packages
+when missing, slurmctld + two slurmd in their own UTS and mount namespaces) and stops it at the
+end. Without root or namespaces the tests skip with the reason; with CI=true they fail instead.
+Jobs run with the `local` site profile and the repository's real entry points.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import slurm_cluster  # noqa: E402
+
+from source_code.launch import site_profiles, sync_check  # noqa: E402
+from source_code.training.loop import parse_summary  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "slurm"
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"local Slurm cluster could not start in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    reason = slurm_cluster.why_not_possible()
+    if reason:
+        _unavailable(reason)
+    try:
+        base = slurm_cluster.start()
+    except (slurm_cluster.ClusterUnavailable, subprocess.CalledProcessError) as err:
+        _unavailable(f"local Slurm cluster did not start: {err}")
+    yield base
+    slurm_cluster.stop(base)
+
+
+@pytest.fixture
+def submit(cluster, tmp_path):
+    """submit(script, *args, env={...}, sbatch_args=[...]) -> Job, output in tmp_path."""
+    def run(script, *args, env=None, sbatch_args=(), timeout=150):
+        full_env = {**os.environ, "WORKSHOP_SITE": "local", **(env or {})}
+        job = slurm_cluster.run_job(SCRIPTS / script, *args, env=full_env, cwd=ROOT,
+                                    sbatch_args=["-o", f"{tmp_path}/%x-%j.out", *sbatch_args],
+                                    timeout=timeout)
+        print(f"job {job.id} {script}: {job.state} in {job.seconds:.1f} s\n{job.output[-3000:]}")
+        return job
+    return run
+
+
+SYNC = {"TRAIN_MODULE": "source_code.launch.sync_check"}
+
+
+def ranks(output: str) -> list[tuple[int, int, str, str]]:
+    """(rank, world, node, launcher) of every rank's report; lines of two ranks may be glued."""
+    return sorted((int(r), int(w), n, la) for r, w, n, la in
+                  re.findall(r"rank (\d+)/(\d+) local_rank=\d+ node=(\S+) launcher=(\S+)", output))
+
+
+def assert_in_sync(output: str, world: int, nodes: int) -> dict:
+    res = sync_check.parse(output)
+    assert (res["world_size"], res["nodes"], res["in_sync"]) == (world, nodes, True)
+    assert res["max_abs_diff"] < 1e-6  # DDP on the shards == one process on the global batch
+    return res
+
+
+def test_single_node_torchrun_every_rank_reports_and_matches_reference(submit):
+    job = submit("ddp_single_node.slurm", env=SYNC)
+    assert job.ok, job.output
+    assert ranks(job.output) == [(0, 2, "n1", "torchrun"), (1, 2, "n1", "torchrun")] or \
+        ranks(job.output) == [(0, 2, "n2", "torchrun"), (1, 2, "n2", "torchrun")]
+    assert_in_sync(job.output, world=2, nodes=1)
+
+
+def test_srun_one_task_per_gpu_without_torchrun(submit):
+    job = submit("ddp_single_node_srun.slurm", env=SYNC)
+    assert job.ok, job.output
+    found = ranks(job.output)
+    assert [(r, w, la) for r, w, _, la in found] == [(0, 2, "srun"), (1, 2, "srun")]
+    assert re.search(r"MASTER_ADDR=(n1|n2) MASTER_PORT=\d+ tasks=2", job.output)
+    assert_in_sync(job.output, world=2, nodes=1)
+
+
+def test_multinode_rendezvous_spans_both_nodes_with_calculator_header(submit):
+    # resources from the calculator, as a user would pass them: 4 "GPUs" = 2 nodes x 2
+    job = submit("ddp_multinode.slurm", env=SYNC, sbatch_args=site_profiles.args("local", 4))
+    assert job.ok, job.output
+    found = ranks(job.output)
+    assert [r for r, *_ in found] == [0, 1, 2, 3] and {w for _, w, *_ in found} == {4}
+    assert sorted(n for *_, n, _ in found) == ["n1", "n1", "n2", "n2"]
+    assert f"rendezvous c10d at n1:{20000 + int(job.id) % 20000} id {job.id}, 2 nodes" in job.output
+    assert_in_sync(job.output, world=4, nodes=2)
+
+
+def test_master_and_worker_find_each_other_without_an_address(cluster, tmp_path):
+    env = {**os.environ, "WORKSHOP_SITE": "local", **SYNC, "RDZV_FILE": str(tmp_path / "master.txt")}
+    out = ["-o", f"{tmp_path}/%x-%j.out"]
+    master = slurm_cluster.sbatch(SCRIPTS / "ddp_master_node.sh", env=env, cwd=ROOT, sbatch_args=out)
+    worker = slurm_cluster.sbatch(SCRIPTS / "ddp_worker_node.sh", env=env, cwd=ROOT, sbatch_args=out)
+    infos = [slurm_cluster.wait(j, timeout=150) for j in (master, worker)]
+    m_out, w_out = (Path(i["StdOut"]).read_text() for i in infos)
+    print(m_out, w_out)
+    assert [i["JobState"] for i in infos] == ["COMPLETED", "COMPLETED"], m_out + w_out
+    host, port = re.search(r"master: rendezvous at (\S+):(\d+)", m_out).groups()
+    assert f"joining master {host}:{port} (job {master})" in w_out
+    assert {infos[0]["NodeList"], infos[1]["NodeList"]} == {"n1", "n2"}
+    assert_in_sync(m_out, world=4, nodes=2)
+    assert not (tmp_path / "master.txt").exists()  # the master cleans up its address
+
+
+def test_worker_without_master_fails_with_a_clear_message(submit, tmp_path):
+    job = submit("ddp_worker_node.sh", env={"RDZV_FILE": str(tmp_path / "none.txt"), "MASTER_WAIT": "2"})
+    assert job.state == "FAILED" and job.exit_code == "3:0"
+    assert "error: no master found" in job.output and "start slurm/ddp_master_node.sh first" in job.output
+
+
+def test_unknown_partition_is_refused_by_slurm(cluster):
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        slurm_cluster.sbatch(SCRIPTS / "ddp_single_node.slurm", sbatch_args=["--partition=gpu"], cwd=ROOT)
+    assert "invalid partition specified: gpu" in err.value.stderr
+
+
+def test_fault_tolerant_main_job_restarts_and_resumes(submit, tmp_path):
+    ckpt = tmp_path / "snap.pt"
+    job = submit("ddp_fault_tolerant.slurm", "--epochs", "2", "--max-steps", "4", "--crash-at-step", "6",
+                 env={"CHECKPOINT": str(ckpt), "MAX_RESTARTS": "1"})
+    assert job.ok, job.output
+    assert "rank 1: simulated failure after global step 6 (SIGKILL)" in job.output
+    assert f"resumed from {ckpt} after epoch 1" in job.output
+    summary = parse_summary(job.output[job.output.index("summary:"):])
+    assert (summary["world_size"], summary["epochs"]) == (2, 2)
