@@ -27,8 +27,12 @@ line; with 2 or more GPUs it really splits each batch across them.
 from __future__ import annotations
 
 import argparse
+import statistics
+import threading
+import time
 
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from source_code import data
@@ -45,6 +49,40 @@ def describe(dp: torch.nn.DataParallel) -> str:
                 f"runs once on the full batch, nothing is split")
     return (f"DataParallel: splitting each batch across {len(ids)} GPUs {ids}, gathering on "
             f"cuda:{dp.output_device}")
+
+
+def forward_by_hand(module: torch.nn.Module, x: torch.Tensor, n_devices: int) -> torch.Tensor:
+    """DataParallel's forward written out, with one thread per "device" on one device.
+
+    On GPUs step 2 copies the weights to every GPU and each thread runs on its own GPU; here
+    the replicas are the module itself, so the arithmetic is DataParallel's while the
+    hardware is not. Autograd records through the threads: backward() sums the chunks'
+    gradients into the module's parameters, as DataParallel does on the first GPU.
+    """
+    chunks = x.chunk(n_devices)                  # 1. scatter: one slice of the batch per device
+    replicas = [module] * len(chunks)            # 2. replicate: a copy of the weights per device
+    outputs = [None] * len(chunks)
+
+    def run(i):
+        outputs[i] = replicas[i](chunks[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(chunks))]
+    for t in threads:                            # 3. parallel_apply: one Python thread each
+        t.start()
+    for t in threads:
+        t.join()
+    return torch.cat(outputs)                    # 4. gather: outputs back on the first device
+
+
+def median_step_seconds(forward, model, x, y, repeats: int = 20) -> float:
+    """Median time of forward + loss + backward with ``forward(x)`` (for the notebook's comparison)."""
+    times = []
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        F.cross_entropy(forward(x), y).backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def train(device, args) -> dict:
