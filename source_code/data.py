@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 
 import numpy as np
@@ -55,14 +56,30 @@ def digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0) -> T
 
     The split is a fixed permutation (``seed``), so every rank and every run agree on it.
     """
-    from sklearn.datasets import load_digits
-    bunch = load_digits()
-    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(bunch.target, dtype=torch.int64)
+    images, labels = _digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(labels, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     n_test = int(round(len(y) * test_fraction))
     idx = order[n_test:] if split == "train" else order[:n_test]
     return TensorDataset(x[idx], y[idx])
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The (1797, 8, 8) images (0..16) and labels of scikit-learn's digits.
+
+    Read straight from the file inside the scikit-learn wheel: importing sklearn.datasets
+    costs seconds of CPU in every rank of every launch, the file takes milliseconds.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz") \
+        if spec and spec.origin else ""
+    if not os.path.exists(path):  # another layout: let scikit-learn find its file
+        from sklearn.datasets import load_digits
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
 def sequence_task(kind: str = "sort", n: int = 2048, length: int = 16, vocab: int = 16,

@@ -2,6 +2,7 @@
 import io
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -133,8 +134,11 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, torchrun):
     """2 epochs straight vs 1 epoch, stop, resume for the 2nd: same weights and momentum."""
     common = ["--max-steps", "6", "--batch-size", "32"]
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
-    torchrun("source_code.training.ddp", "--epochs", 2, "--checkpoint", a, *common)
-    torchrun("source_code.training.ddp", "--epochs", 1, "--checkpoint", b, *common)
+    with ThreadPoolExecutor(2) as pool:  # independent jobs: overlap their start-up time
+        jobs = [pool.submit(torchrun, "source_code.training.ddp", "--epochs", epochs,
+                            "--checkpoint", path, *common) for epochs, path in ((2, a), (1, b))]
+        for job in jobs:
+            job.result()
     assert torch.load(b, weights_only=False)["epoch"] == 1
     out = torchrun("source_code.training.ddp", "--epochs", 2, "--checkpoint", b, "--resume",
                    *common).stdout
