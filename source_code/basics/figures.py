@@ -54,14 +54,24 @@ def sgd_figure(runs: dict, path=None):
     return _save(fig, path)
 
 
-def lr_scaling_figure(runs: dict, path=None):
-    """Loss against epochs for the linear-scaling runs, and a zoom on the first epoch."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, h in runs.items():
-        a.plot(h["epochs"], h["loss"], label=name)
-        first = [(e, l) for e, l in zip(h["epochs"], h["loss"]) if e <= 1.0]
-        b.plot(*zip(*first), ".-", label=name)
-    a.set(xlabel="epochs", ylabel="training loss", yscale="log", title="Linear scaling rule")
-    b.set(xlabel="epochs", ylabel="training loss", yscale="log", title="First epoch: the warmup")
-    a.legend(fontsize=8)
+def _run_color(name: str) -> str:
+    """The same colour for the same kind of run in every panel."""
+    for key, color in (("warmup", "C3"), ("unscaled", "C1"), ("scaled", "C2")):
+        if key in name:
+            return color
+    return "C0"
+
+
+def lr_scaling_figure(runs: dict, runs_larger: dict | None = None, path=None):
+    """Loss against epochs for the linear-scaling runs; on the right, the runs of a larger k."""
+    panels = [(runs, "Linear scaling rule")]
+    if runs_larger:
+        panels.append((runs_larger, "A larger k"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (group, title) in zip(axes[0], panels):
+        for name, h in group.items():
+            ax.plot(h["epochs"], h["loss"], label=name, color=_run_color(name))
+        ax.axhline(group[next(iter(group))]["loss"][0], ls=":", color="0.4", label="loss at start")
+        ax.set(xlabel="epochs", ylabel="training loss", yscale="log", title=title)
+        ax.legend(fontsize=8)
     return _save(fig, path)

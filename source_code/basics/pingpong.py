@@ -149,16 +149,19 @@ def main(argv=None):
         raise SystemExit("error: --world-size must be at least 2 (rank 0 and rank 1 play ping-pong)")
     from source_code.distributed import ranks_from_env
     if ranks_from_env() is None:
-        results = run_spawned(args.world_size, sizes, args.iters)
+        report(run_spawned(args.world_size, sizes, args.iters))
     else:
         with session(launch_hint="torchrun --standalone --nproc-per-node=2 -m "
                                  "source_code.basics.pingpong") as ctx:
-            results = pingpong(sizes, args.iters, device=ctx.device)
+            report(pingpong(sizes, args.iters, device=ctx.device))  # print0 inside the group
+    return 0
+
+
+def report(results: list[dict]) -> None:
     alpha, beta = fit_alpha_beta([r["bytes"] for r in results], [r["one_way_s"] for r in results])
     print0(format_table(results, alpha, beta))
     for problem in sanity(results, alpha, beta):
         print0("warning:", problem)
-    return 0
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def _train(batch_size, lr, epochs, warmup_steps, seed, evals_per_epoch, split):
     return hist
 
 
-def lr_scaling_runs(base_batch: int = 16, base_lr: float = 0.4, k: int = 16, epochs: int = 6,
+def lr_scaling_runs(base_batch: int = 16, base_lr: float = 0.4, k: int = 8, epochs: int = 6,
                     warmup_epochs: int = 2, seed: int = 0) -> dict:
     """The linear scaling experiment: batch B with lr, then batch kB with lr (unscaled),
     k*lr (scaled) and k*lr reached by a linear warmup over ``warmup_epochs`` epochs."""
@@ -225,9 +225,11 @@ def loss_at_update(hist: dict, update: int) -> float:
     return hist["loss"][hist["updates"].index(update)]
 
 
-def peak_loss(hist: dict, first_epochs: float = 1.0) -> float:
-    """The highest recorded loss after the start and within the first ``first_epochs`` epochs."""
-    return max(l for e, l in zip(hist["epochs"], hist["loss"]) if 0 < e <= first_epochs)
+def peak_loss(hist: dict, first_epochs: float | None = None) -> float:
+    """The highest recorded loss after the start (within the first ``first_epochs`` epochs,
+    or over the whole run when None)."""
+    limit = math.inf if first_epochs is None else first_epochs
+    return max(l for e, l in zip(hist["epochs"], hist["loss"]) if 0 < e <= limit)
 
 
 def main(argv=None):
