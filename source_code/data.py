@@ -265,11 +265,13 @@ def prepare(name: str, data_dir) -> None:
         import datasets
         out = os.path.join(data_dir, WIKI_DIR)
         os.makedirs(out, exist_ok=True)
-        hub = datasets.load_dataset("wikitext", "wikitext-2-raw-v1")
+        # "Salesforce/wikitext" is the Hub's current name of the legacy id "wikitext"
+        hub = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1")
         for split, hub_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
-            # each row is one line of the original file, newline included
-            with open(os.path.join(out, WIKI_FILES[split]), "w", encoding="utf-8") as f:
-                f.write("".join(hub[hub_split]["text"]))
+            path = os.path.join(out, WIKI_FILES[split])
+            with open(path + ".part", "w", encoding="utf-8") as f:  # complete files only
+                f.write("".join(hub[hub_split]["text"]))  # one row per line, newline included
+            os.replace(path + ".part", path)
     else:
         raise SystemExit(f"error: unknown dataset {name!r}; choose one of {', '.join(PREPARED)}")
     print(f"{name} ready under {data_dir}; read it offline with --data-dir {data_dir}")

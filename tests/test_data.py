@@ -219,3 +219,27 @@ def test_wikitext2_blocks_are_next_character_pairs(wiki_dir):
 def test_missing_wikitext_names_the_prepare_command(tmp_path):
     with pytest.raises(data.MissingData, match="prepare --data-dir .* --dataset wikitext2"):
         data.load("wikitext2", "train", tmp_path)
+
+
+def test_prepared_wikitext_reads_back_line_for_line(tmp_path, monkeypatch):
+    """`prepare` writes the Hub's rows (one line each, newline included) as the raw files."""
+    import datasets
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    rows = {"train": [" = A = \n", "", " b c a .\n"], "validation": [" a b \n"], "test": [" c \n"]}
+    real_load = datasets.load_dataset
+
+    def hub(path, *args, **kwargs):  # stands in for the download; everything else is real
+        if path != "Salesforce/wikitext":
+            return real_load(path, *args, **kwargs)
+        assert args == ("wikitext-2-raw-v1",)
+        return {split: {"text": lines} for split, lines in rows.items()}
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    data.char_vocab.cache_clear()
+    data.prepare("wikitext2", tmp_path)
+    for split, hub_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
+        text = "".join(rows[hub_split])
+        assert (tmp_path / "wikitext-2-raw" / f"wiki.{split}.raw").read_text() == text
+        ds = data.wikitext2(split, tmp_path, block_len=len(text) - 1)
+        assert ds.decode(torch.cat([ds.tensors[0][0], ds.tensors[1][0][-1:]])) == text
+    assert not list((tmp_path / "wikitext-2-raw").glob("*.part"))
