@@ -106,6 +106,9 @@ class TransformerLM(nn.Module):
 
     def forward(self, tokens):
         t = tokens.shape[1]
+        if t > self.pos.num_embeddings:  # the position table would fail with an opaque IndexError
+            raise ValueError(f"sequence length {t} exceeds max_len {self.pos.num_embeddings}; "
+                             f"build TransformerLM(max_len={t}) or use shorter blocks")
         x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
         for layer in self.layers:
             x = layer(x)

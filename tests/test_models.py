@@ -54,6 +54,12 @@ def test_transformer_shapes_and_causality():
     assert (logits[:, 7:] - logits2[:, 7:]).abs().amax() > 1e-4
 
 
+def test_transformer_names_the_fix_for_too_long_sequences():
+    model = models.TransformerLM(max_len=8)
+    with pytest.raises(ValueError, match=r"sequence length 9 exceeds max_len 8; build TransformerLM\(max_len=9\)"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
 def test_transformer_learns_the_sort_task_a_little():
     torch.manual_seed(0)
     x, y = data.load("sort", "train").tensors
