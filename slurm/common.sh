@@ -52,4 +52,4 @@ fi
 export MASTER_PORT=${MASTER_PORT:-$(( 20000 + ${SLURM_JOB_ID:-0} % 20000 ))}
 
 echo "job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname)}: site $WORKSHOP_SITE ($SITE_NAME)," \
-     "$NPROC_PER_NODE processes per node, python $(command -v "$PYTHON"), module $TRAIN_MODULE"
+     "$NPROC_PER_NODE process(es) per task, python $(command -v "$PYTHON"), module $TRAIN_MODULE"

@@ -13,7 +13,7 @@ What it starts (as root, no systemd needed):
 
 Partition ``debug``, 2 CPUs and 8000 MB per node, no GPUs: the ``local`` site profile.
 State, logs and pid files live in a directory under /tmp, never in the repository.
-``submit()`` polls squeue every 0.5 s (``sbatch --wait`` backs off up to 32 s between polls).
+Jobs are submitted and polled with source_code.launch.jobs (every 0.5 s, not ``sbatch --wait``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 NODES = {"n1": ("127.0.1.1", 17001), "n2": ("127.0.1.2", 17002)}
@@ -234,56 +233,8 @@ def stop(base: Path = DEFAULT_BASE, quiet: bool = False) -> None:
         _say(f"stopped {len(pids)} daemons")
 
 
-# --------------------------------------------------------------------------- jobs
-@dataclass
-class Job:
-    id: str
-    state: str
-    exit_code: str
-    output: str
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.state == "COMPLETED"
-
-
-def job_info(job_id: str) -> dict:
-    text = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
-                          text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", text))
-
-
-def wait(job_id: str, timeout: float = 120) -> dict:
-    """Poll every 0.5 s until the job left the queue; scancel it on timeout."""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        info = job_info(job_id)
-        if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
-                                         "REQUEUED", "RESIZING", "SUSPENDED"):
-            return info
-        time.sleep(0.5)
-    subprocess.run(["scancel", job_id], capture_output=True)
-    raise TimeoutError(f"job {job_id} still {job_info(job_id).get('JobState')} after {timeout:.0f} s")
-
-
-def sbatch(script, *args, sbatch_args=(), env=None, cwd=None) -> str:
-    """Submit; return the job id (raises CalledProcessError with sbatch's message on refusal)."""
-    res = subprocess.run(["sbatch", "--parsable", *sbatch_args, str(script), *map(str, args)],
-                         capture_output=True, text=True, env=env, cwd=cwd)
-    if res.returncode != 0:
-        raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
-    return res.stdout.strip().split(";")[0]
-
-
-def run_job(script, *args, sbatch_args=(), env=None, cwd=None, timeout: float = 120) -> Job:
-    t0 = time.time()
-    job_id = sbatch(script, *args, sbatch_args=sbatch_args, env=env, cwd=cwd)
-    info = wait(job_id, timeout)
-    out_path = info.get("StdOut", "")
-    output = Path(out_path).read_text() if out_path and Path(out_path).exists() else ""
-    return Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"), output,
-               time.time() - t0)
+# jobs: submit + poll helpers live in the package (notebook 06 uses them too)
+from source_code.launch.jobs import Job, job_info, run_job, sbatch, wait  # noqa: E402,F401
 
 
 if __name__ == "__main__":

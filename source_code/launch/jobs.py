@@ -1,0 +1,90 @@
+"""Submit a Slurm job and wait for it without `sbatch --wait` (used by the tests and notebook 06).
+
+    python -m source_code.launch.jobs slurm/ddp_multinode.slurm --epochs 1   # submit, wait, print
+
+``sbatch --wait`` polls with a back-off that grows to 32 s (a 2 s job can return after 40 s);
+here squeue/scontrol are asked every 0.5 s. A job still queued or running after ``timeout``
+is cancelled (a job asking for more nodes than exist would otherwise pend forever).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+WAITING = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+@dataclass
+class Job:
+    id: str
+    state: str
+    exit_code: str
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED"
+
+
+def cluster_ready() -> bool:
+    """True when sinfo answers and reports at least one node up (idle, mixed or allocated)."""
+    if not shutil.which("sinfo"):
+        return False
+    res = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    return res.returncode == 0 and any(s in ("idle", "mix", "alloc") for s in res.stdout.split())
+
+
+def job_info(job_id: str) -> dict:
+    text = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def wait(job_id: str, timeout: float = 120) -> dict:
+    """Poll every 0.5 s until the job has left the queue; scancel it on timeout."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        info = job_info(job_id)
+        if info.get("JobState") not in WAITING:
+            return info
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], capture_output=True)
+    raise TimeoutError(f"job {job_id} still {job_info(job_id).get('JobState')} after {timeout:.0f} s; cancelled")
+
+
+def sbatch(script, *args, sbatch_args=(), env=None, cwd=None) -> str:
+    """Submit; return the job id. A refusal raises CalledProcessError carrying sbatch's message."""
+    res = subprocess.run(["sbatch", "--parsable", *map(str, sbatch_args), str(script), *map(str, args)],
+                         capture_output=True, text=True, env=env, cwd=cwd)
+    if res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
+    return res.stdout.strip().split(";")[0]
+
+
+def run_job(script, *args, sbatch_args=(), env=None, cwd=None, timeout: float = 120) -> Job:
+    """sbatch + wait + read the output file."""
+    t0 = time.time()
+    job_id = sbatch(script, *args, sbatch_args=sbatch_args, env=env, cwd=cwd)
+    info = wait(job_id, timeout)
+    out = Path(info.get("StdOut", ""))
+    output = out.read_text() if info.get("StdOut") and out.is_file() else ""
+    return Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"), output, time.time() - t0)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        raise SystemExit("usage: python -m source_code.launch.jobs SCRIPT [ARGS...]")
+    job = run_job(argv[0], *argv[1:], timeout=3600)
+    print(job.output, end="")
+    print(f"job {job.id}: {job.state} (exit {job.exit_code}) in {job.seconds:.1f} s")
+    return 0 if job.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
