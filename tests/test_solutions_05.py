@@ -38,3 +38,18 @@ def summed_gradients(model):
 def test_summed_gradients_fail():
     with pytest.raises(AssertionError, match="differ from the full-batch gradient"):
         check_average_gradients(summed_gradients)
+
+
+def not_done(model):
+    raise NotImplementedError
+
+
+def crashes(model):
+    return model.no_such_attribute
+
+
+def test_unfinished_and_crashing_answers_are_reported():
+    with pytest.raises(NotImplementedError, match="not done yet"):
+        check_average_gradients(not_done)
+    with pytest.raises(AssertionError, match="no_such_attribute"):
+        check_average_gradients(crashes)

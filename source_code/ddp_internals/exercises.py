@@ -24,6 +24,10 @@ SHARD_CASES = [(10, 3), (7, 4), (1438, 2), (64, 4)]  # (dataset length, world si
 
 def check_shard(shard) -> str:
     """``shard(n, world_size, rank, epoch, seed)`` must return DistributedSampler's indices."""
+    try:
+        shard(10, 2, 0, 0, 0)
+    except NotImplementedError:
+        raise NotImplementedError("exercise (a) not done yet: fill in shard, then run this cell again") from None
     checked = 0
     for n, world in SHARD_CASES:
         for epoch in (0, 1):
@@ -68,14 +72,20 @@ def _reference_and_learner(source: str, name: str) -> float:
 
 def check_average_gradients(average_gradients, world_size: int = 2, tol: float = 1e-6) -> str:
     """``average_gradients(model)`` must turn each rank's gradients into the mean over ranks."""
-    from source_code.processes import spawn
+    from source_code.processes import ProcessesFailed, spawn
     try:
         source = textwrap.dedent(inspect.getsource(average_gradients))
     except (OSError, TypeError):
         raise ValueError("cannot read the source of average_gradients: define it with `def` in a "
                          "notebook cell or a .py file (it runs in other processes, where only "
                          "torch, dist and nn are imported)") from None
-    diffs = spawn(_reference_and_learner, world_size, source, average_gradients.__name__)
+    if "raise NotImplementedError" in source:
+        raise NotImplementedError("exercise (b) not done yet: fill in average_gradients, then run this cell again")
+    try:
+        diffs = spawn(_reference_and_learner, world_size, source, average_gradients.__name__)
+    except ProcessesFailed as err:  # show the learner's own error, not the plumbing around it
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        raise AssertionError(f"average_gradients raised an error on a rank: {lines[-1]}") from None
     worst = max(diffs)
     assert worst <= tol, (
         f"after average_gradients the gradients differ from the full-batch gradient by {worst:.3g} "
