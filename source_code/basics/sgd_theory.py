@@ -9,7 +9,9 @@
 * ``spawn_averaged_gradient``: the same with real processes and all_reduce;
 * ``global_batch_size`` and ``accumulation_gap``: global = per-device x world size x
   accumulation steps, and accumulating micro-batch gradients gives the big-batch gradient;
-* ``warmup_lr``: linear warmup towards the linearly scaled learning rate.
+* ``warmup_lr`` and ``lr_scaling_runs``: linear warmup, and the linear scaling experiment
+  (batch B with lr; batch kB with lr, k*lr, and k*lr after a warmup), judged by ``peak_loss``
+  (did the loss overshoot above its start?) and the final loss.
 
 Softmax regression (a linear layer + cross-entropy, weights start at zero) is convex and
 small: every run is deterministic for a seed and takes a fraction of a second.
@@ -247,4 +249,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from source_code.distributed import run_main
+    run_main(main)
