@@ -74,7 +74,13 @@ class Context:
 def pick_device(local_rank: int = 0) -> tuple[torch.device, str]:
     """NCCL + cuda:LOCAL_RANK where CUDA is available, gloo + CPU otherwise."""
     if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count()), "nccl"
+        n = torch.cuda.device_count()
+        # one visible GPU per process (srun --gpus-per-task, CUDA_VISIBLE_DEVICES binding):
+        # every local rank uses index 0; otherwise local rank i uses GPU i
+        if n > 1 and local_rank >= n:
+            raise LaunchError(f"error: local rank {local_rank} but only {n} GPUs on this node; "
+                              f"start at most {n} processes per node (--nproc-per-node={n})")
+        return torch.device("cuda", local_rank if n > 1 else 0), "nccl"
     return torch.device("cpu"), "gloo"
 
 

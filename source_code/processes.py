@@ -66,6 +66,9 @@ def _worker(rank, world_size, port, fn, args, queue):
 def spawn(fn, world_size: int, *args, timeout: float = 300) -> list:
     """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results."""
     from source_code.distributed import free_port
+    # as torchrun does: one OpenMP thread per process, inherited by the children (with the
+    # default, N processes x all cores of threads spin against each other on a laptop)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
