@@ -1,0 +1,228 @@
+"""All-reduce benchmark in the style of nccl-tests: own ring, naive ring, parameter server, library.
+
+    python -m source_code.sync.allreduce_benchmark --world-size 4            # starts its own processes
+    torchrun --standalone --nproc-per-node=4 -m source_code.sync.allreduce_benchmark
+    python -m source_code.sync.allreduce_benchmark --world-size 4 --max-size 256MiB --plot bench.png
+
+For each message size the four implementations run *interleaved* (a different order every
+repetition, a barrier before each call), so a machine that gets busier or quieter affects all
+of them alike. Each call's time is the slowest rank's; the table shows the median over
+repetitions, with
+
+    algbw = size / time        busbw = algbw * 2 (n-1) / n
+
+(busbw is what each rank's link actually carries in a ring, nccl-tests' convention for
+all-reduce: comparable across world sizes and with the hardware's bandwidth). The last line,
+``ring_vs_library_busbw_ratio=R``, is the median over repetitions of time(library) / time(ring)
+at --ratio-size (64 MiB): paired ratios cancel the drift of a shared machine. A latency-
+bandwidth model time = alpha + size / bandwidth is fitted per implementation (--plot draws
+measured vs model). Every implementation is first checked against dist.all_reduce.
+gloo + CPU here, NCCL + GPU on a GPU node: the same code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from source_code.distributed import pick_device, ranks_from_env, run_main, session
+from source_code.sync.parameter_server import ps_all_reduce
+from source_code.sync.ring_allreduce import library_all_reduce, naive_ring_all_reduce, ring_all_reduce
+
+IMPLS = {"ring": ring_all_reduce, "naive_ring": naive_ring_all_reduce,
+         "param_server": ps_all_reduce, "library": library_all_reduce}
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'64MiB' -> 67108864; plain numbers are bytes."""
+    for unit in ("GiB", "MiB", "KiB", "B"):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "").isdigit():
+            return int(float(text[: -len(unit)]) * UNITS[unit])
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"size {text!r} not understood; write e.g. 4096, 64KiB or 64MiB")
+
+
+def human(n: int) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        if n >= UNITS[unit] and n % UNITS[unit] == 0:
+            return f"{n // UNITS[unit]}{unit}"
+    return f"{n}B"
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, max_reps: int = 20,
+            min_reps: int = 3) -> dict:
+    """Run on every rank of a group: per implementation and size, the list of call times (s),
+    each the slowest rank's. Float32 buffers; reps per size ~ budget_bytes / size."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))[0]
+    # correctness first: an implementation that is fast but wrong must not make it into the table
+    probe = torch.randn(1000 + world + 1, generator=torch.Generator().manual_seed(rank)).to(device)
+    reference = library_all_reduce(probe.clone())
+    for name, fn in IMPLS.items():
+        err = float((fn(probe.clone()) - reference).abs().max())
+        if err > 1e-4:
+            raise RuntimeError(f"{name} all-reduce differs from dist.all_reduce by {err}")
+    times = {name: {} for name in IMPLS}
+    names = list(IMPLS)
+    for size in sorted(set(sizes) | {ratio_size}):
+        buf = torch.empty(size // 4, dtype=torch.float32, device=device)
+        reps = max(min_reps, min(max_reps, budget_bytes // size))
+        samples = {name: [] for name in names}
+        for rep in range(reps + 1):  # rep 0 is a warm-up, not recorded
+            order = names[rep % len(names):] + names[: rep % len(names)]
+            for name in order:
+                buf.fill_(1.0)
+                _sync(device)
+                dist.barrier()
+                start = time.perf_counter()
+                IMPLS[name](buf)
+                _sync(device)
+                elapsed = time.perf_counter() - start
+                if rep:
+                    samples[name].append(elapsed)
+        slowest = torch.tensor([samples[n] for n in names], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        for i, name in enumerate(names):
+            times[name][size] = slowest[i].tolist()
+        del buf
+    return {"world_size": world, "backend": dist.get_backend(), "device": device.type,
+            "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times}
+
+
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    """Least squares of time = alpha + beta * size on relative errors; returns (alpha s, beta s/B)."""
+    s, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    a = np.stack([np.ones_like(s), s], axis=1) / t[:, None]
+    alpha, beta = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0]
+    return float(max(alpha, 0.0)), float(beta)
+
+
+def summarize(res: dict) -> dict:
+    """Medians, algbw, busbw per (implementation, size); alpha-beta fits; the ring/library ratio."""
+    n = res["world_size"]
+    factor = 2 * (n - 1) / n
+    rows, fits = {}, {}
+    for name, per_size in res["times"].items():
+        sizes = res["sizes"]
+        med = [float(np.median(per_size[s])) for s in sizes]
+        rows[name] = [{"size": s, "time_us": m * 1e6, "algbw": s / m / 1e9, "busbw": s / m / 1e9 * factor}
+                      for s, m in zip(sizes, med)]
+        alpha, beta = fit_alpha_beta(sizes, med)
+        fits[name] = {"alpha_us": alpha * 1e6, "beta_s_per_byte": beta,
+                      "bandwidth_GBps": (1 / beta / 1e9) if beta > 0 else float("inf")}
+    r = res["ratio_size"]
+    paired = np.asarray(res["times"]["library"][r]) / np.asarray(res["times"]["ring"][r])
+    return {"rows": rows, "fits": fits, "ratio": float(np.median(paired)), "ratio_size": r,
+            "world_size": n, "backend": res["backend"], "device": res["device"]}
+
+
+def table(summary: dict) -> str:
+    names = list(summary["rows"])
+    head1 = f"# {'':>10}" + "".join(f" | {name:^30}" for name in names)
+    head2 = f"# {'size':>10}" + "".join(f" | {'time(us)':>10} {'algbw':>9} {'busbw':>9}" for _ in names)
+    lines = [f"# all-reduce, float32, {summary['world_size']} ranks, {summary['backend']} on "
+             f"{summary['device']}; bandwidths in GB/s, times = median of the slowest rank",
+             head1, head2]
+    for i, row in enumerate(summary["rows"][names[0]]):
+        line = f"  {human(row['size']):>10}"
+        for name in names:
+            r = summary["rows"][name][i]
+            line += f" | {r['time_us']:>10.1f} {r['algbw']:>9.3f} {r['busbw']:>9.3f}"
+        lines.append(line)
+    lines.append("# alpha-beta fit, time = alpha + size / bandwidth:")
+    for name, f in summary["fits"].items():
+        lines.append(f"#   {name:<13} alpha = {f['alpha_us']:9.1f} us   bandwidth = {f['bandwidth_GBps']:.3f} GB/s")
+    lines.append(f"# ratio = median over interleaved repetitions of time(library)/time(ring) at "
+                 f"{human(summary['ratio_size'])}")
+    lines.append(f"ring_vs_library_busbw_ratio={summary['ratio']:.3f}")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path=None):
+    """Measured time vs size (markers) and the fitted alpha-beta model (lines), log-log."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for (name, rows), color in zip(summary["rows"].items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        s = np.array([r["size"] for r in rows], dtype=float)
+        f = summary["fits"][name]
+        axes[0].loglog(s, [r["time_us"] for r in rows], "o", color=color, label=f"{name} measured")
+        axes[0].loglog(s, f["alpha_us"] + f["beta_s_per_byte"] * s * 1e6, "-", color=color, alpha=0.7)
+        axes[1].semilogx(s, [r["busbw"] for r in rows], "o-", color=color, label=name)
+    axes[0].set(xlabel="message size (bytes)", ylabel="time (us)",
+                title="measured (dots) vs alpha-beta model (lines)")
+    axes[1].set(xlabel="message size (bytes)", ylabel="busbw (GB/s)",
+                title=f"busbw, {summary['world_size']} ranks, {summary['backend']}")
+    for ax in axes:
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def run(world_size: int = 4, sizes=None, ratio_size: int = 64 * 2**20, budget_bytes: int = 256 * 2**20) -> dict:
+    """Start ``world_size`` processes, measure, and return the summary (for notebooks and tests)."""
+    from source_code.processes import spawn
+    sizes = sizes or default_sizes(4 * 2**10, ratio_size)
+    return summarize(spawn(measure, world_size, sizes, ratio_size, budget_bytes)[0])
+
+
+def default_sizes(min_size: int, max_size: int) -> list[int]:
+    sizes, s = [], min_size
+    while s <= max_size:
+        sizes.append(s)
+        s *= 4
+    return sizes
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world-size", type=int, default=4, help="processes to start (ignored under torchrun/srun)")
+    p.add_argument("--min-size", type=parse_size, default=parse_size("4KiB"))
+    p.add_argument("--max-size", type=parse_size, default=parse_size("64MiB"), help="sizes go x4 up to this")
+    p.add_argument("--ratio-size", type=parse_size, default=parse_size("64MiB"),
+                   help="size of the ring_vs_library_busbw_ratio line (always measured)")
+    p.add_argument("--budget", type=parse_size, default=parse_size("256MiB"),
+                   help="bytes per size and implementation: sets the repetitions (3 to 20)")
+    p.add_argument("--plot", default="", help="save measured vs model to this PNG")
+    p.add_argument("--json", default="", help="write the summary to this file")
+    args = p.parse_args(argv)
+    if args.min_size < 4 or args.min_size > args.max_size:
+        raise SystemExit(f"error: --min-size {args.min_size} must be >= 4 bytes and <= --max-size")
+    sizes = default_sizes(args.min_size, args.max_size)
+    if ranks_from_env() is None:  # plain python: start our own processes
+        if args.world_size < 2:
+            raise SystemExit("error: --world-size must be at least 2")
+        summary = run(args.world_size, sizes, args.ratio_size, args.budget)
+    else:                          # under torchrun / srun: we are one of the ranks
+        torch.set_num_threads(1)
+        with session(launch_hint="torchrun --standalone --nproc-per-node=4 -m "
+                                 "source_code.sync.allreduce_benchmark") as ctx:
+            res = measure(sizes, args.ratio_size, args.budget)
+        if not ctx.is_main:
+            return 0
+        summary = summarize(res)
+    print(table(summary), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    if args.plot:
+        plot(summary, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
