@@ -61,10 +61,11 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, max_reps: int = 20,
-            min_reps: int = 3) -> dict:
+def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps: int = 12,
+            max_reps: int = 20, min_reps: int = 3) -> dict:
     """Run on every rank of a group: per implementation and size, the list of call times (s),
-    each the slowest rank's. Float32 buffers; reps per size ~ budget_bytes / size."""
+    each the slowest rank's. Float32 buffers; reps per size ~ budget_bytes / size, and at least
+    ``ratio_reps`` alternating ring / library pairs at ``ratio_size``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))[0]
     # correctness first: an implementation that is fast but wrong must not make it into the table
@@ -80,8 +81,11 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, max_reps: i
         buf = torch.empty(size // 4, dtype=torch.float32, device=device)
         reps = max(min_reps, min(max_reps, budget_bytes // size))
         samples = {name: [] for name in names}
-        for rep in range(reps + 1):  # rep 0 is a warm-up, not recorded
-            order = names[rep % len(names):] + names[: rep % len(names)]
+        # at the ratio size, extra repetitions of the two compared implementations only
+        extra = max(0, ratio_reps - reps) if size == ratio_size else 0
+        for rep in range(reps + 1 + extra):  # rep 0 is a warm-up, not recorded
+            pool = names if rep <= reps else ["ring", "library"]
+            order = pool[rep % len(pool):] + pool[: rep % len(pool)]
             for name in order:
                 buf.fill_(1.0)
                 _sync(device)
@@ -92,10 +96,10 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, max_reps: i
                 elapsed = time.perf_counter() - start
                 if rep:
                     samples[name].append(elapsed)
-        slowest = torch.tensor([samples[n] for n in names], dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        for i, name in enumerate(names):
-            times[name][size] = slowest[i].tolist()
+        for name in names:
+            slowest = torch.tensor(samples[name], dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            times[name][size] = slowest.tolist()
         del buf
     return {"world_size": world, "backend": dist.get_backend(), "device": device.type,
             "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times}
@@ -125,6 +129,7 @@ def summarize(res: dict) -> dict:
     r = res["ratio_size"]
     paired = np.asarray(res["times"]["library"][r]) / np.asarray(res["times"]["ring"][r])
     return {"rows": rows, "fits": fits, "ratio": float(np.median(paired)), "ratio_size": r,
+            "ratio_pairs": len(paired),
             "world_size": n, "backend": res["backend"], "device": res["device"]}
 
 
@@ -144,8 +149,8 @@ def table(summary: dict) -> str:
     lines.append("# alpha-beta fit, time = alpha + size / bandwidth:")
     for name, f in summary["fits"].items():
         lines.append(f"#   {name:<13} alpha = {f['alpha_us']:9.1f} us   bandwidth = {f['bandwidth_GBps']:.3f} GB/s")
-    lines.append(f"# ratio = median over interleaved repetitions of time(library)/time(ring) at "
-                 f"{human(summary['ratio_size'])}")
+    lines.append(f"# ratio = median over {summary['ratio_pairs']} interleaved repetitions of "
+                 f"time(library)/time(ring) at {human(summary['ratio_size'])}")
     lines.append(f"ring_vs_library_busbw_ratio={summary['ratio']:.3f}")
     return "\n".join(lines)
 
@@ -173,11 +178,12 @@ def plot(summary: dict, path=None):
     return fig
 
 
-def run(world_size: int = 4, sizes=None, ratio_size: int = 64 * 2**20, budget_bytes: int = 256 * 2**20) -> dict:
+def run(world_size: int = 4, sizes=None, ratio_size: int = 64 * 2**20, budget_bytes: int = 256 * 2**20,
+        ratio_reps: int = 12) -> dict:
     """Start ``world_size`` processes, measure, and return the summary (for notebooks and tests)."""
     from source_code.processes import spawn
     sizes = sizes or default_sizes(4 * 2**10, ratio_size)
-    return summarize(spawn(measure, world_size, sizes, ratio_size, budget_bytes)[0])
+    return summarize(spawn(measure, world_size, sizes, ratio_size, budget_bytes, ratio_reps)[0])
 
 
 def default_sizes(min_size: int, max_size: int) -> list[int]:
@@ -197,6 +203,8 @@ def main(argv=None):
                    help="size of the ring_vs_library_busbw_ratio line (always measured)")
     p.add_argument("--budget", type=parse_size, default=parse_size("256MiB"),
                    help="bytes per size and implementation: sets the repetitions (3 to 20)")
+    p.add_argument("--ratio-reps", type=int, default=12,
+                   help="alternating ring/library pairs at --ratio-size for the ratio line")
     p.add_argument("--plot", default="", help="save measured vs model to this PNG")
     p.add_argument("--json", default="", help="write the summary to this file")
     args = p.parse_args(argv)
@@ -206,12 +214,12 @@ def main(argv=None):
     if ranks_from_env() is None:  # plain python: start our own processes
         if args.world_size < 2:
             raise SystemExit("error: --world-size must be at least 2")
-        summary = run(args.world_size, sizes, args.ratio_size, args.budget)
+        summary = run(args.world_size, sizes, args.ratio_size, args.budget, args.ratio_reps)
     else:                          # under torchrun / srun: we are one of the ranks
         torch.set_num_threads(1)
         with session(launch_hint="torchrun --standalone --nproc-per-node=4 -m "
                                  "source_code.sync.allreduce_benchmark") as ctx:
-            res = measure(sizes, args.ratio_size, args.budget)
+            res = measure(sizes, args.ratio_size, args.budget, args.ratio_reps)
         if not ctx.is_main:
             return 0
         summary = summarize(res)
