@@ -2,7 +2,8 @@
 
 * ``ring_all_reduce``: the buffer is cut into N chunks; N-1 reduce-scatter steps leave each rank
   with one fully summed chunk, N-1 all-gather steps hand the summed chunks round. Each rank
-  sends 2 (N-1)/N of the buffer, whatever N is: the bandwidth-optimal algorithm.
+  sends 2 (N-1)/N of the buffer, whatever N is: the bandwidth-optimal algorithm. Large chunks
+  travel in 1 MiB segments so that adding one segment overlaps with receiving the next.
 * ``naive_ring_all_reduce``: the whole buffer goes round the ring N-1 times: (N-1) x the buffer
   per rank.
 * ``check_all_gather``: the check of notebook 02's exercise (write the all-gather half).
