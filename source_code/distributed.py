@@ -167,8 +167,8 @@ def all_reduce_mean(value: float, device=None) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     if t.device.type == "cpu" and dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.item() / dist.get_world_size()
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)  # AVG works on NCCL and, in torch 2.14, on gloo
+    return t.item()
 
 
 # --------------------------------------------------------------------------- setup / cleanup

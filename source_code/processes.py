@@ -78,6 +78,10 @@ def spawn(fn, world_size: int, *args, timeout: float = 300) -> list:
         p.start()
     results, errors = {}, []
     for _ in range(world_size):
+        while not queue._reader.poll(1.0):  # a child that dies before reporting must not hang us
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                raise ProcessesFailed(f"processes died before reporting (rank, exit code): {dead}")
         rank, ok, value = queue.get()
         (results.__setitem__(rank, value) if ok else errors.append(f"rank {rank}:\n{value}"))
         if errors:

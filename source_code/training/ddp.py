@@ -55,7 +55,7 @@ def train(ctx, args) -> dict:
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # (5) a new shuffle every epoch, identical on all ranks
         local_loss, steps = loop.train_epoch(model, loader, opt, ctx.device, args.max_steps)
-        # for reporting only: gloo has no ReduceOp.AVG, so all_reduce_mean sums and divides
+        # for reporting only: each rank saw a different shard, all_reduce(AVG) gives the mean
         loss = all_reduce_mean(local_loss, ctx.device)
         if ctx.is_main:  # (6) rank 0 evaluates, prints and saves
             accuracy = loop.evaluate(model.module, test_loader, ctx.device)
