@@ -44,12 +44,6 @@ def not_done(model):
     raise NotImplementedError
 
 
-def crashes(model):
-    return model.no_such_attribute
-
-
-def test_unfinished_and_crashing_answers_are_reported():
+def test_unfinished_answer_is_reported_without_starting_processes():
     with pytest.raises(NotImplementedError, match="not done yet"):
         check_average_gradients(not_done)
-    with pytest.raises(AssertionError, match="no_such_attribute"):
-        check_average_gradients(crashes)
