@@ -28,6 +28,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from source_code import data, models
 from source_code.distributed import print0, run_main, session
+from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.parity"
 BREAKS = ("none", "sum", "no-set-epoch")
@@ -111,9 +112,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
-        if args.batch_size % ctx.world_size:
-            raise SystemExit(f"error: --batch-size {args.batch_size} does not divide among "
-                             f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")
+        loop.per_rank_batch(args.batch_size, ctx.world_size)  # one-line error if it does not divide
         res = run(ctx, args)
         rank = ctx.rank
         print0(f"parity: world_size={ctx.world_size} steps={res['steps']} "

@@ -28,6 +28,7 @@ from source_code import data, models
 from source_code.ddp_internals.bucketed import BucketedDDP
 from source_code.ddp_internals.naive import NaiveDDP
 from source_code.distributed import print0, run_main, session
+from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare"
 IMPLS = ("naive", "bucketed", "torch")
@@ -115,9 +116,7 @@ def main(argv=None):
         raise SystemExit(f"error: --steps {args.steps} must exceed --warmup {args.warmup}")
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
-        if args.batch_size % ctx.world_size:
-            raise SystemExit(f"error: --batch-size {args.batch_size} does not divide among "
-                             f"{ctx.world_size} processes")
+        loop.per_rank_batch(args.batch_size, ctx.world_size)  # one-line error if it does not divide
         res = run(ctx, args)
         rank = ctx.rank
         report(res, args)
