@@ -28,7 +28,8 @@ def broadcast_parameters(module: nn.Module, src: int = 0) -> None:
 def average_gradients(module: nn.Module) -> None:
     """Replace every gradient by its mean over the ranks (sum by all_reduce, then divide).
 
-    gloo has no ReduceOp.AVG, so the mean is SUM followed by a division by the world size.
+    SUM then divide works on every backend and version (ReduceOp.AVG does too on NCCL and on
+    gloo in recent torch); torch's DDP also sums and divides by the world size.
     """
     world = dist.get_world_size()
     for p in module.parameters():
