@@ -172,6 +172,20 @@ def all_reduce_mean(value: float, device=None) -> float:
 
 
 # --------------------------------------------------------------------------- setup / cleanup
+_CURRENT: Context | None = None
+
+
+def context() -> Context:
+    """The Context of this process's group (set by ``setup``): where a helper computes.
+
+    Functions run by ``processes.spawn`` or deep inside a script ask this instead of reading
+    RANK/LOCAL_RANK themselves: one owner of the device and backend policy.
+    """
+    if _CURRENT is None:
+        raise RuntimeError("no process group: call this inside session()/setup() or processes.spawn")
+    return _CURRENT
+
+
 def setup(launch_hint: str | None = None, allow_single: bool = False,
           timeout_s: float = 300) -> Context:
     """Join the process group described by the environment and return the Context.
@@ -186,7 +200,7 @@ def setup(launch_hint: str | None = None, allow_single: bool = False,
                               f"{launch_hint or 'torchrun --standalone --nproc-per-node=2 SCRIPT'}")
         device, backend = pick_device(0)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        return Context(0, 0, 1, device, backend, "none")
+        return _remember(Context(0, 0, 1, device, backend, "none"))
 
     rank, local_rank, world, launcher = found
     if launcher == "srun":
@@ -211,7 +225,13 @@ def setup(launch_hint: str | None = None, allow_single: bool = False,
             raise LaunchError(f"error: MASTER_PORT {port} is busy; export another MASTER_PORT "
                               "(or use torchrun --standalone, which picks a free one)") from None
         raise
-    return Context(rank, local_rank, world, device, backend, launcher)
+    return _remember(Context(rank, local_rank, world, device, backend, launcher))
+
+
+def _remember(ctx: Context) -> Context:
+    global _CURRENT
+    _CURRENT = ctx
+    return ctx
 
 
 def cleanup() -> None:
@@ -226,6 +246,8 @@ def cleanup() -> None:
     owned them, then gc.collect() here frees cycles; (2) a barrier so no rank tears down while
     another still talks to it; (3) destroy the group, which joins gloo's threads.
     """
+    global _CURRENT
+    _CURRENT = None
     if not dist.is_initialized():
         return
     gc.collect()
