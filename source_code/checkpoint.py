@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from source_code.distributed import LaunchError, run_main
+from source_code.distributed import run_main
+from source_code.errors import LaunchError
 
 
 class CheckpointMismatch(LaunchError):
@@ -85,17 +86,21 @@ def model_signature(model: torch.nn.Module) -> dict:
 
 
 def rng_state() -> dict:
+    """This process's random streams. On a GPU only the current device's: each rank owns one
+    GPU, and a restart may put the rank on another index (or another node)."""
     return {"python": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore ``rng_state()``; the states must be CPU tensors (load snapshots to the CPU)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda[0] if isinstance(cuda, list) else cuda)
 
 
 def save_snapshot(path, model, optimizer, epoch: int, extra: dict | None = None) -> None:
@@ -113,10 +118,10 @@ def save_snapshot(path, model, optimizer, epoch: int, extra: dict | None = None)
         dist.barrier()
 
 
-def read_snapshot(path, map_location="cpu") -> dict:
+def read_snapshot(path) -> dict:
     """The snapshot at ``path``; CheckpointMismatch (one line) for anything that is not one."""
     try:
-        snap = torch.load(path, map_location=map_location, weights_only=False)
+        snap = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
         raise CheckpointMismatch(f"error: no snapshot at {path}; start without --resume "
                                  "to train from scratch") from None
@@ -129,13 +134,16 @@ def read_snapshot(path, map_location="cpu") -> dict:
     return snap
 
 
-def load_snapshot(path, model, optimizer=None, map_location="cpu") -> dict:
+def load_snapshot(path, model, optimizer=None) -> dict:
     """Load a snapshot into ``model`` (and ``optimizer``); return it (epoch, extra, ...).
+
+    Read to the CPU: the RNG states must be CPU tensors, and load_state_dict copies the
+    weights (and the optimizer its state) onto the device the parameters live on.
 
     Restores this rank's RNG state when the world size matches the one that wrote it; with a
     different world size the RNG streams cannot match anyway, and each rank keeps its seed.
     """
-    snap = read_snapshot(path, map_location)
+    snap = read_snapshot(path)
     want, got = model_signature(model), snap["signature"]
     if want != got:
         diff = sorted(set(want["shapes"].items()) ^ set(got["shapes"].items()))[:1]

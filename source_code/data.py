@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from source_code.distributed import LaunchError, run_main
+from source_code.distributed import run_main
+from source_code.errors import LaunchError
 
 EMBEDDED = ("digits", "sort", "copy")
 PREPARED = ("mnist", "cifar10", "wikitext2")
@@ -127,7 +128,7 @@ class ImageTensors(Dataset):
 
 def _split_is_train(name: str, split: str) -> bool:
     if split not in ("train", "test"):
-        raise SystemExit(f"error: {name} has the splits train and test, not {split!r}")
+        raise LaunchError(f"error: {name} has the splits train and test, not {split!r}")
     return split == "train"
 
 
@@ -216,12 +217,12 @@ def wikitext2(split: str = "train", data_dir="data", block_len: int = 64,
     """
     split = {"validation": "valid"}.get(split, split)
     if split not in WIKI_FILES:
-        raise SystemExit(f"error: wikitext2 has the splits {', '.join(WIKI_FILES)}, not {split!r}")
+        raise LaunchError(f"error: wikitext2 has the splits {', '.join(WIKI_FILES)}, not {split!r}")
     vocab = char_vocab(os.fspath(data_dir), vocab_size)
     ids = encode(_wiki_text(split, data_dir), vocab)
     n = (len(ids) - 1) // block_len
     if n < 1:
-        raise SystemExit(f"error: wikitext2 {split} has {len(ids)} characters, fewer than "
+        raise LaunchError(f"error: wikitext2 {split} has {len(ids)} characters, fewer than "
                          f"block_len {block_len} + 1")
     inputs = ids[: n * block_len].view(n, block_len)
     targets = ids[1: n * block_len + 1].view(n, block_len)
@@ -242,8 +243,13 @@ def load(name: str = "digits", split: str = "train", data_dir=None) -> Dataset:
         return cifar10(split, data_dir)
     if name == "wikitext2":
         return wikitext2(split, data_dir)
-    raise SystemExit(f"error: unknown dataset {name!r}; choose one of "
-                     f"{', '.join(EMBEDDED + PREPARED)}")
+    check_name(name)
+
+
+def check_name(name: str) -> None:
+    if name not in EMBEDDED + PREPARED:
+        raise LaunchError(f"error: unknown dataset {name!r}; choose one of "
+                          f"{', '.join(EMBEDDED + PREPARED)}")
 
 
 def in_channels(name: str) -> int:
@@ -273,7 +279,7 @@ def prepare(name: str, data_dir) -> None:
                 f.write("".join(hub[hub_split]["text"]))  # one row per line, newline included
             os.replace(path + ".part", path)
     else:
-        raise SystemExit(f"error: unknown dataset {name!r}; choose one of {', '.join(PREPARED)}")
+        raise LaunchError(f"error: unknown dataset {name!r}; choose one of {', '.join(PREPARED)}")
     print(f"{name} ready under {data_dir}; read it offline with --data-dir {data_dir}")
 
 

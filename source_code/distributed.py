@@ -4,12 +4,20 @@ One place decides how a process learns who it is and where it computes:
 
 * ranks come from torchrun (RANK, LOCAL_RANK, WORLD_SIZE) or from a Slurm step started with
   srun and no torchrun (SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS);
-* CUDA present (ROCm counts as CUDA in PyTorch) -> NCCL on cuda:LOCAL_RANK, otherwise gloo on
-  the CPU: the same file runs on a laptop and on a GPU node;
-* print0 / save0 act on rank 0 only; seeds are explicit and per rank;
-* the session ends cleanly (see ``session``), so every launch exits 0.
+* the device and backend come from ``device_policy.choose`` (one GPU per process: cuda:LOCAL_RANK
+  with the mixed backend "cpu:gloo,cuda:nccl"; otherwise gloo on the CPU, said in one line):
+  the same file runs on a laptop and on a GPU node; other code asks ``context()``;
+* print0 acts on rank 0 only; seeds are explicit and per rank;
+* the session ends cleanly (see ``cleanup``), so every launch exits 0.
 
-Typical use in a script (run it with ``torchrun --standalone --nproc-per-node=2 -m PKG.MOD``)::
+The lines a learner writes in their own script are the plain ones::
+
+    dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")  # what setup() does
+    torch.cuda.set_device(local_rank)                                  # on a GPU node
+    ...
+    dist.destroy_process_group()
+
+Typical use in a workshop script (``torchrun --standalone --nproc-per-node=2 -m PKG.MOD``)::
 
     def train(ctx, args):          # everything that holds the process group lives in here
         model = DDP(Net().to(ctx.device), device_ids=ctx.device_ids)
@@ -31,22 +39,19 @@ import random
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from source_code import device_policy
+from source_code.errors import LaunchError
 
-class LaunchError(SystemExit):
-    """A one-line, actionable error about how the program was launched (exit status 2)."""
-
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+__all__ = ["LaunchError", "Context", "context", "pick_device", "ranks_from_env", "setup",
+           "cleanup", "session", "run_main", "print0", "seed_everything", "all_reduce_mean",
+           "free_port"]
 
 
 @dataclass(frozen=True)
@@ -71,17 +76,10 @@ class Context:
 
 
 # --------------------------------------------------------------------------- who am I
-def pick_device(local_rank: int = 0) -> tuple[torch.device, str]:
-    """NCCL + cuda:LOCAL_RANK where CUDA is available, gloo + CPU otherwise."""
-    if torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        # one visible GPU per process (srun --gpus-per-task, CUDA_VISIBLE_DEVICES binding):
-        # every local rank uses index 0; otherwise local rank i uses GPU i
-        if n > 1 and local_rank >= n:
-            raise LaunchError(f"error: local rank {local_rank} but only {n} GPUs on this node; "
-                              f"start at most {n} processes per node (--nproc-per-node={n})")
-        return torch.device("cuda", local_rank if n > 1 else 0), "nccl"
-    return torch.device("cpu"), "gloo"
+def pick_device(local_rank: int = 0, local_world_size: int = 1) -> tuple[torch.device, str]:
+    """(device, backend) for this process: ``device_policy.choose`` (read its docstring)."""
+    placed = device_policy.choose(local_rank, local_world_size)
+    return placed.device, placed.backend
 
 
 def ranks_from_env(env=None) -> tuple[int, int, int, str] | None:
@@ -151,24 +149,16 @@ def print0(*args, **kwargs) -> None:
         print(*args, **kwargs, flush=True)
 
 
-def save0(obj, path) -> None:
-    """Atomically save ``obj`` with torch.save on rank 0 only; the others wait for it."""
-    from source_code.checkpoint import atomic_save
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        atomic_save(obj, path)
-    if dist.is_initialized():
-        dist.barrier()
+def all_reduce_mean(value: float) -> float:
+    """The mean of a Python number over all ranks (a reporting helper).
 
-
-def all_reduce_mean(value: float, device=None) -> float:
-    """The mean of a Python number over all ranks (a reporting helper)."""
+    A CPU tensor: gloo carries it, also in the mixed group of a GPU node. SUM then divide,
+    because gloo's ReduceOp.AVG arrived only in recent torch versions."""
     if not dist.is_initialized():
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    if t.device.type == "cpu" and dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.AVG)  # AVG works on NCCL and, in torch 2.14, on gloo
-    return t.item()
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() / dist.get_world_size()
 
 
 # --------------------------------------------------------------------------- setup / cleanup
@@ -209,23 +199,66 @@ def setup(launch_hint: str | None = None, allow_single: bool = False,
         if key not in os.environ:
             raise LaunchError(f"error: {key} not set; launch with torchrun, which sets it, or "
                               f"export {key} (e.g. MASTER_ADDR=localhost MASTER_PORT=29500)")
-    device, backend = pick_device(local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    placed = device_policy.choose(local_rank, device_policy.local_world_size(os.environ, world))
+    if placed.note and rank == 0:
+        print(placed.note, flush=True)
+    if placed.device.type == "cuda":
+        torch.cuda.set_device(placed.device)
     port = int(os.environ["MASTER_PORT"])
     if launcher != "torchrun" and rank == 0 and not port_is_free(port):
         raise LaunchError(f"error: MASTER_PORT {port} is busy on this host; pick another, "
                           f"e.g. export MASTER_PORT={free_port()}")
+    # torchrun has already gathered every process; srun and by-hand launches meet here
+    store = _rendezvous(rank, world) if launcher != "torchrun" else None
+    dist.init_process_group(placed.backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=placed.device if placed.device.type == "cuda" else None)
+    return _remember(Context(rank, local_rank, world, placed.device, placed.backend, launcher))
+
+
+def _rendezvous(rank: int, world: int) -> dist.Store:
+    """Meet the other ranks at MASTER_ADDR:MASTER_PORT, or fail in one line naming who is missing.
+
+    Rank 0 hosts a TCPStore; every rank writes ``arrived/<rank>``; rank 0 waits at most
+    WORKSHOP_RENDEZVOUS_TIMEOUT seconds (default 120) for all of them, then tells the others
+    whether the job goes on. Without this a missing peer is a silent wait of many minutes.
+    """
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    wait_s = float(os.environ.get("WORKSHOP_RENDEZVOUS_TIMEOUT", "120"))
+    where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
-    except Exception as exc:  # rendezvous failures are launch problems, say so in one line
-        if "address already in use" in str(exc).lower():
-            raise LaunchError(f"error: MASTER_PORT {port} is busy; export another MASTER_PORT "
-                              "(or use torchrun --standalone, which picks a free one)") from None
-        raise
-    return _remember(Context(rank, local_rank, world, device, backend, launcher))
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=wait_s))
+    except Exception as exc:
+        if rank == 0:
+            raise LaunchError(f"error: rank 0 cannot listen on {where} ({exc}); export another "
+                              "MASTER_PORT (below 32768)") from None
+        raise LaunchError(f"error: rank {rank} found no rank 0 at {where} within {wait_s:.0f} s; "
+                          "start rank 0 with the same MASTER_ADDR/MASTER_PORT (or raise "
+                          "WORKSHOP_RENDEZVOUS_TIMEOUT)", every_rank=True) from None
+    store.set_timeout(datetime.timedelta(seconds=2 * wait_s + 30))
+    store.set(f"arrived/{rank}", "yes")
+    if rank == 0:
+        deadline = time.monotonic() + wait_s
+        while not store.check([f"arrived/{r}" for r in range(world)]):
+            if time.monotonic() > deadline:
+                missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
+                store.set("verdict", "missing")
+                raise LaunchError(
+                    f"error: rank(s) {', '.join(map(str, missing))} of WORLD_SIZE={world} never "
+                    f"reached {where} within {wait_s:.0f} s; start every rank with the same "
+                    "MASTER_ADDR/MASTER_PORT/WORLD_SIZE (or raise WORKSHOP_RENDEZVOUS_TIMEOUT)")
+            time.sleep(0.05)
+        store.set("verdict", "go")
+        return store
+    try:
+        verdict = store.get("verdict")  # blocks until rank 0 has decided
+    except Exception:
+        verdict = b"lost"
+    if verdict != b"go":
+        raise LaunchError(f"error: rank {rank}: rank 0 at {where} stopped waiting for the "
+                          "missing ranks (its message names them)", every_rank=True)
+    return store
 
 
 def _remember(ctx: Context) -> Context:
@@ -234,7 +267,7 @@ def _remember(ctx: Context) -> Context:
     return ctx
 
 
-def cleanup() -> None:
+def cleanup(barrier: bool = True) -> None:
     """End the process group so the interpreter can exit cleanly.
 
     Why it matters with torch 2.14.1 + gloo: each collective leaves a Work object whose last
@@ -252,7 +285,8 @@ def cleanup() -> None:
         return
     gc.collect()
     try:
-        dist.barrier()
+        if barrier:
+            dist.barrier()
     finally:
         dist.destroy_process_group()
         gc.collect()
@@ -270,20 +304,26 @@ def session(launch_hint: str | None = None, allow_single: bool = False, seed: in
         seed_everything(seed, ctx.rank)
     try:
         yield ctx
-    finally:
-        cleanup()
+    except BaseException:
+        # no barrier: the other ranks may be waiting in a collective this rank will never
+        # join; they fail when this process ends instead of waiting out the timeout
+        cleanup(barrier=False)
+        raise
+    cleanup()
 
 
 def run_main(main) -> None:
     """Entry-point wrapper: ``if __name__ == "__main__": run_main(main)``.
 
-    Turns LaunchError into one line on stderr with exit status 2, and flushes output before
+    Turns LaunchError into one line on stderr with exit status 2, printed once per job (by
+    rank 0, or by every rank for an error about that rank alone), and flushes output before
     the interpreter exits.
     """
     try:
         code = main()
     except LaunchError as err:
-        print(err.message, file=sys.stderr, flush=True)
+        if err.every_rank or os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+            print(err.message, file=sys.stderr, flush=True)
         code = 2
     sys.stdout.flush()
     sys.stderr.flush()

@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from source_code.errors import LaunchError
+
 
 class SmallCNN(nn.Module):
     """Two conv blocks and a classifier; any square input size (adaptive pooling)."""
@@ -118,11 +120,18 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+NAMES = ("smallcnn", "resnet18", "transformer")
+
+
+def check_name(name: str) -> None:
+    if name not in NAMES:
+        raise LaunchError(f"error: unknown model {name!r}; choose one of {', '.join(NAMES)}")
+
+
 def build_model(name: str, **kwargs) -> nn.Module:
     """By name, for command-line flags: smallcnn | resnet18 | transformer."""
+    check_name(name)
     builders = {"smallcnn": SmallCNN, "resnet18": resnet18_cifar, "transformer": TransformerLM}
-    if name not in builders:
-        raise SystemExit(f"error: unknown model {name!r}; choose one of {', '.join(builders)}")
     return builders[name](**kwargs)
 
 

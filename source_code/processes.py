@@ -3,15 +3,21 @@
 * ``torchrun(module, *args, nproc=N)``: ``python -m torch.distributed.run --standalone`` on a
   module of source_code; the output comes back as text and a failure raises (a notebook cell
   running ``!torchrun`` would pass even when torchrun fails).
-* ``spawn(fn, world_size, *args)``: torch.multiprocessing with a gloo group on a free port;
-  ``fn(*args)`` runs on every rank inside the group, and the list of its return values (one
-  per rank) comes back. ``fn`` must be importable (defined in source_code/, not in a cell).
+* ``spawn(fn, world_size, *args, device="auto")``: torch.multiprocessing with a process group
+  on a free port; ``fn(*args)`` runs on every rank inside the group, and the list of its
+  return values (one per rank) comes back. ``fn`` must be importable (defined in
+  source_code/, not in a cell).
+
+Both take the device explicitly: ``device="auto"`` follows the device policy
+(source_code/device_policy.py: one GPU per process, else the CPU), ``device="cpu"`` keeps a
+demo about an algorithm on CPU + gloo on every machine.
 
     python -m source_code.processes      # a 3-rank smoke test of both
 """
 from __future__ import annotations
 
 import os
+import queue as queue_module
 import subprocess
 import sys
 import traceback
@@ -23,8 +29,18 @@ class ProcessesFailed(RuntimeError):
     pass
 
 
+DEVICES = ("auto", "cpu")
+
+
+def _device_env(device: str) -> dict:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    return {"WORKSHOP_DEVICE": device}
+
+
 def torchrun(module: str, *args, nproc: int = 2, env: dict | None = None, timeout: float = 600,
-             check: bool = True, extra: list[str] | None = None) -> subprocess.CompletedProcess:
+             check: bool = True, extra: list[str] | None = None,
+             device: str = "auto") -> subprocess.CompletedProcess:
     """Run ``torchrun --standalone --nproc-per-node=nproc -m module args``; return the result.
 
     stdout and stderr are merged into ``result.stdout``; with ``check`` a non-zero exit raises
@@ -32,7 +48,7 @@ def torchrun(module: str, *args, nproc: int = 2, env: dict | None = None, timeou
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", *(extra or []), "-m", module, *map(str, args)]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **_device_env(device), **(env or {})}
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=full_env, timeout=timeout)
     if check and res.returncode != 0:
@@ -47,56 +63,69 @@ def rank_lines(text: str) -> str:
                      if "torch/distributed/run.py" not in ln and "OMP_NUM_THREADS" not in ln)
 
 
-def _worker(rank, world_size, port, fn, args, queue):
+def _worker(rank, world_size, port, device, fn, args, queue):
     from source_code.distributed import cleanup, setup
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), **_device_env(device))
+    failed = False
     try:
         import torch
         torch.set_num_threads(1)
         setup()
         queue.put((rank, True, fn(*args)))
     except BaseException:  # report every failure to the parent, then exit non-zero
+        failed = True
         queue.put((rank, False, traceback.format_exc()))
         raise SystemExit(1)
     finally:
-        cleanup()
+        cleanup(barrier=not failed)  # a failed rank must not wait for the others in a barrier
 
 
-def spawn(fn, world_size: int, *args, timeout: float = 300) -> list:
+def spawn(fn, world_size: int, *args, timeout: float = 300, device: str = "auto") -> list:
     """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results."""
     from source_code.distributed import free_port
     # as torchrun does: one OpenMP thread per process, inherited by the children (with the
     # default, N processes x all cores of threads spin against each other on a laptop)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    _device_env(device)
+    queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue))
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, device, fn, args, queue))
              for r in range(world_size)]
     for p in procs:
         p.start()
     results, errors = {}, []
-    for _ in range(world_size):
-        while not queue._reader.poll(1.0):  # a child that dies before reporting must not hang us
+    while len(results) < world_size and not errors:
+        try:
+            rank, ok, value = queue.get(timeout=1.0)
+        except queue_module.Empty:  # a child that dies before reporting must not hang us
             dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if dead:
+                _stop(procs)
                 raise ProcessesFailed(f"processes died before reporting (rank, exit code): {dead}")
-        rank, ok, value = queue.get()
-        (results.__setitem__(rank, value) if ok else errors.append(f"rank {rank}:\n{value}"))
-        if errors:
-            break
-    for p in procs:
-        p.join(timeout=timeout if not errors else 5)
-        if p.is_alive():
-            p.kill()
-            p.join()
+            continue
+        if ok:
+            results[rank] = value
+        else:
+            errors.append(f"rank {rank}:\n{value}")
+    _stop(procs, timeout if not errors else 5)
     if errors:
         raise ProcessesFailed("\n".join(errors))
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
     if bad:
         raise ProcessesFailed(f"processes ended badly (rank, exit code): {bad}")
     return [results[r] for r in range(world_size)]
+
+
+def _stop(procs, timeout: float = 5) -> None:
+    """Join the children; kill those still running after ``timeout`` seconds."""
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _whoami():

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from source_code.distributed import pick_device, print0, run_main, session
+from source_code.distributed import context, print0, run_main, session
 
 MiB = 2**20
 DEFAULT_SIZES = [8 * 4**k for k in range(11)] + [16 * MiB]  # 8 B ... 8 MiB, 16 MiB
@@ -42,7 +42,7 @@ def pingpong(sizes=DEFAULT_SIZES, iters: int = 20, warmup: int = 3, device=None)
     broadcast to the others so every rank returns the same numbers).
     """
     if device is None:
-        device = pick_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))[0]
+        device = context().device
     rank = dist.get_rank()
     if dist.get_world_size() < 2:
         raise ValueError("the ping-pong needs 2 processes: use --world-size 2 or --nproc-per-node=2")

@@ -4,7 +4,7 @@
     python -m source_code.basics.ranks --world-size 2      # starts its own processes (spawn)
 
 Each process reads RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (set by the
-launcher), asks ``pick_device`` where it computes, and the reports are gathered on rank 0,
+launcher), asks the device policy (``context()``) where it computes, and the reports are gathered on rank 0,
 which prints one line per rank.
 """
 from __future__ import annotations
@@ -14,17 +14,16 @@ import os
 
 import torch.distributed as dist
 
-from source_code.distributed import pick_device, print0, run_main, session
+from source_code.distributed import context, print0, run_main, session
 
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def report() -> dict:
     """This process's launcher variables, its device and backend, and its pid."""
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device, backend = pick_device(local_rank)
+    ctx = context()  # where the device policy put this process
     info = {k: os.environ.get(k) for k in KEYS}
-    info.update(device=str(device), backend=backend, pid=os.getpid(),
+    info.update(device=str(ctx.device), backend=ctx.backend, pid=os.getpid(),
                 group_rank=dist.get_rank() if dist.is_initialized() else None)
     return info
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from source_code.distributed import pick_device, ranks_from_env, run_main, session
+from source_code.distributed import context, ranks_from_env, run_main, session
 from source_code.sync.parameter_server import ps_all_reduce
 from source_code.sync.ring_allreduce import library_all_reduce, naive_ring_all_reduce, ring_all_reduce
 
@@ -67,7 +66,7 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
     each the slowest rank's. Float32 buffers; reps per size ~ budget_bytes / size, and at least
     ``ratio_reps`` alternating ring / library pairs at ``ratio_size``."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))[0]
+    device = context().device
     # correctness first: an implementation that is fast but wrong must not make it into the table
     probe = torch.randn(1000 + world + 1, generator=torch.Generator().manual_seed(rank)).to(device)
     reference = library_all_reduce(probe.clone())

@@ -20,9 +20,9 @@ def _input(rank: int, world: int) -> torch.Tensor:
 
 def run_collectives() -> dict:
     """Run on every rank: {collective: (input list, output list or None where undefined)}."""
-    from source_code.distributed import pick_device
+    from source_code.distributed import context
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = pick_device(rank)[0]
+    device = context().device
     x = _input(rank, world).to(device)
     out = {}
 

@@ -15,7 +15,6 @@ used by the benchmark next to the ring.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -26,7 +25,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from source_code import data
-from source_code.distributed import pick_device, print0, run_main, session
+from source_code.distributed import context, print0, run_main, session
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=3 -m source_code.sync.parameter_server"
@@ -146,7 +145,7 @@ def ps_vs_ddp(steps: int = 20, batch_size: int = 64, lr: float = 0.05, momentum:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 3:
         raise ValueError(f"ps_vs_ddp needs a server and at least 2 workers: world size {world} < 3")
-    device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))[0]
+    device = context().device
     workers_group = dist.new_group(list(range(1, world)))  # every rank must take part in new_group
     ps_weights, losses, moved = train_parameter_server(args, device)
     ddp_weights = train_ddp(args, device, workers_group) if rank != SERVER else torch.empty_like(ps_weights)

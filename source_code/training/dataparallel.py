@@ -26,7 +26,6 @@ line; with 2 or more GPUs it really splits each batch across them.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import threading
 import time
@@ -36,6 +35,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from source_code import data
+from source_code.cli import Parser
+from source_code.errors import LaunchError
 from source_code.distributed import pick_device, run_main, seed_everything
 from source_code.training import loop
 
@@ -107,11 +108,11 @@ def train(device, args) -> dict:
 
 
 def main(argv=None):
-    parser = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser = loop.add_common_args(Parser(description=__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
     loop.check_args(args)
     if args.checkpoint or args.resume:
-        raise SystemExit("error: dataparallel.py does not write snapshots; drop --checkpoint/--resume "
+        raise LaunchError("error: dataparallel.py does not write snapshots; drop --checkpoint/--resume "
                          "(ddp.py and single.py support them)")
     seed_everything(args.seed)
     device, _ = pick_device(0)  # DataParallel keeps the master copy on the first GPU

@@ -9,7 +9,6 @@ gloo + CPU here, NCCL + cuda:LOCAL_RANK on a GPU node: the same file.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
@@ -18,6 +17,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from source_code import checkpoint, data
+from source_code.cli import Parser, nonnegative_int
 from source_code.distributed import all_reduce_mean, print0, run_main, session
 from source_code.launch import faults
 from source_code.training import loop
@@ -32,13 +32,14 @@ def train(ctx, args) -> dict:
     # (3) DistributedSampler: a disjoint shard of a shuffled order per rank, same order on all
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=True, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=batch, sampler=sampler)
+    # pinned host memory + several loader workers on a GPU node (see loop.loader)
+    loader = loop.loader(train_set, batch, ctx.device, args.workers, sampler=sampler)
     test_loader = DataLoader(data.load(args.dataset, "test", args.data_dir), batch_size=256)
 
     model, opt = loop.build(args, ctx.device)
     start_epoch = 0
     if args.resume and os.path.exists(args.checkpoint):
-        start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt, ctx.device)["epoch"]
+        start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt)["epoch"]
         print0(f"resumed from {args.checkpoint} after epoch {start_epoch}")
     elif args.resume:  # first attempt of a restartable job: nothing to resume yet
         print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
@@ -56,7 +57,7 @@ def train(ctx, args) -> dict:
         sampler.set_epoch(epoch)  # (5) a new shuffle every epoch, identical on all ranks
         local_loss, steps = loop.train_epoch(model, loader, opt, ctx.device, args.max_steps)
         # for reporting only: each rank saw a different shard, all_reduce(AVG) gives the mean
-        loss = all_reduce_mean(local_loss, ctx.device)
+        loss = all_reduce_mean(local_loss)
         if ctx.is_main:  # (6) rank 0 evaluates, prints and saves
             accuracy = loop.evaluate(model.module, test_loader, ctx.device)
         print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out accuracy "
@@ -70,8 +71,8 @@ def train(ctx, args) -> dict:
 
 
 def main(argv=None):
-    parser = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    parser.add_argument("--crash-at-step", type=int, default=0,
+    parser = loop.add_common_args(Parser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--crash-at-step", type=nonnegative_int, default=0,
                         help="fault drill: on the first attempt rank 1 kills itself after this global step")
     args = parser.parse_args(argv)
     loop.check_args(args)

@@ -11,8 +11,11 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from source_code import data, models
+from source_code.cli import fraction, nonnegative_int, positive_float, positive_int, writable_path
+from source_code.errors import LaunchError
 
 
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -20,30 +23,54 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="digits", help="digits (embedded) | mnist | cifar10")
     p.add_argument("--data-dir", default="data", help="where `prepare` put the real datasets")
     p.add_argument("--model", default="smallcnn", help="smallcnn | resnet18")
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=64,
+    p.add_argument("--epochs", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=64,
                    help="GLOBAL batch size: divided evenly among the processes")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr", type=positive_float, default=0.05)
+    p.add_argument("--momentum", type=fraction, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
-    p.add_argument("--checkpoint", default="", help="snapshot path, written after every epoch")
+    p.add_argument("--max-steps", type=nonnegative_int, default=0,
+                   help="stop each epoch after this many steps (0: all)")
+    p.add_argument("--workers", type=nonnegative_int, default=None,
+                   help="DataLoader worker processes per rank (default: 4 for image "
+                        "datasets on a GPU, else 0: the embedded data is already in memory)")
+    p.add_argument("--checkpoint", type=writable_path, default="",
+                   help="snapshot path, written after every epoch")
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint if it exists (else start fresh and say so)")
     return p
 
 
 def check_args(args) -> None:
+    """What the flag types cannot see alone; run before the process group forms."""
     if args.resume and not args.checkpoint:
-        raise SystemExit("error: --resume needs --checkpoint PATH (the snapshot to continue from)")
+        raise LaunchError("error: --resume needs --checkpoint PATH (the snapshot to continue from)")
+    models.check_name(args.model)
+    data.check_name(args.dataset)
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     if global_batch % world_size:
-        raise SystemExit(f"error: --batch-size {global_batch} does not divide among {world_size} "
+        raise LaunchError(f"error: --batch-size {global_batch} does not divide among {world_size} "
                          f"processes; use a multiple of {world_size}, e.g. "
                          f"{(global_batch // world_size + 1) * world_size}")
     return global_batch // world_size
+
+
+def loader(dataset, batch_size: int, device, workers: int | None, sampler=None,
+           shuffle: bool = False) -> DataLoader:
+    """A DataLoader that feeds ``device`` well.
+
+    On a GPU: pinned (page-locked) host memory, so ``.to(device, non_blocking=True)`` copies
+    while the GPU still computes. Workers: the embedded digits are tensors in memory (workers
+    would only add start-up time); image files are decoded by ``workers`` processes per rank.
+    """
+    if workers is None:
+        in_memory = isinstance(dataset, torch.utils.data.TensorDataset)
+        workers = 0 if in_memory or device.type != "cuda" else 4
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle,
+                      num_workers=workers, persistent_workers=workers > 0,
+                      pin_memory=device.type == "cuda")
 
 
 def build(args, device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -9,13 +9,13 @@ train() functions, so keep their shapes parallel.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 from torch.utils.data import DataLoader
 
 from source_code import checkpoint, data
+from source_code.cli import Parser
 from source_code.distributed import pick_device, run_main, seed_everything
 from source_code.training import loop
 
@@ -24,13 +24,14 @@ def train(device, args) -> dict:
     batch = args.batch_size
     train_set = data.load(args.dataset, "train", args.data_dir)
     generator = torch.Generator().manual_seed(args.seed)
-    loader = DataLoader(train_set, batch_size=batch, shuffle=True, generator=generator)
+    loader = DataLoader(train_set, batch_size=batch, shuffle=True, generator=generator,
+                        pin_memory=device.type == "cuda")
     test_loader = DataLoader(data.load(args.dataset, "test", args.data_dir), batch_size=256)
 
     model, opt = loop.build(args, device)
     start_epoch = 0
     if args.resume and os.path.exists(args.checkpoint):
-        start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt, device)["epoch"]
+        start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt)["epoch"]
         print(f"resumed from {args.checkpoint} after epoch {start_epoch}")
     elif args.resume:
         print(f"no snapshot at {args.checkpoint} yet: starting from scratch")
@@ -52,7 +53,7 @@ def train(device, args) -> dict:
 
 
 def main(argv=None):
-    args = loop.add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0])).parse_args(argv)
+    args = loop.add_common_args(Parser(description=__doc__.splitlines()[0])).parse_args(argv)
     loop.check_args(args)
     seed_everything(args.seed)
     device, _ = pick_device(0)  # cuda:0 where there is a GPU, else the CPU
