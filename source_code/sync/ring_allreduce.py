@@ -8,10 +8,13 @@
   per rank.
 * ``check_all_gather``: the check of notebook 02's exercise (write the all-gather half).
 
-Sends and receives of a step go through ``dist.batch_isend_irecv``: a blocking send() to the
-right then recv() from the left deadlocks (every rank waits in send), and on NCCL the batched
-call also sets up the neighbour connections without a cycle of waits. gloo + CPU here,
-NCCL + GPU on a GPU node: the same code.
+Sends and receives go through ``dist.batch_isend_irecv`` (in ``RingLinks.start``): a blocking
+send() to the right then recv() from the left deadlocks (every rank waits in send), and on NCCL
+the batched call also sets up the neighbour connections without a cycle of waits. The batch
+returns its Works differently per backend: NCCL one Work for the whole batch, gloo one per
+operation. So the code waits on every Work of a batch (``wait_all``) before it reads what the
+batch received, and never assumes one Work per operation. gloo + CPU here, NCCL + GPU on a GPU
+node: the same code.
 
     python -m source_code.sync.ring_allreduce      # checks both against dist.all_reduce on 3 processes
 """
@@ -19,11 +22,14 @@ from __future__ import annotations
 
 import queue
 import threading
+from functools import partial
+from itertools import zip_longest
 
 import torch
 import torch.distributed as dist
 
 OPS = ("sum", "avg")
+SEGMENT_BYTES = 2**20  # reduce-scatter messages travel in pieces of at most this many bytes
 
 
 def _peers(group):
@@ -32,29 +38,42 @@ def _peers(group):
     return dist.get_rank(group), len(ranks), ranks
 
 
-def make_exchange(rank: int, world: int, ranks=None, group=None):
-    """exchange(send, recv): send ``send`` to the right neighbour, receive from the left into ``recv``."""
-    ranks = ranks or list(range(world))
-    right, left = ranks[(rank + 1) % world], ranks[(rank - 1) % world]
+def wait_all(works) -> None:
+    """Wait for every Work of a batch: one with NCCL, one per send/receive with gloo."""
+    for work in works:
+        work.wait()
 
-    def exchange(send: torch.Tensor, recv: torch.Tensor) -> None:
-        for wait in start([send], [recv]):
-            wait()
 
-    def start(sends, recvs) -> list:
-        """Post all sends and receives at once; return one wait() per receive, in order (the
-        last one also waits for the sends)."""
-        ops = [dist.P2POp(dist.isend, t, right, group) for t in sends if t.numel()]
-        n_send = len(ops)  # chunk sizes are known to everyone, so both ends skip empty chunks
-        ops += [dist.P2POp(dist.irecv, t, left, group) for t in recvs if t.numel()]
-        works = dist.batch_isend_irecv(ops) if ops else []
-        waits = [w.wait for w in works[n_send:]]
-        sends_done = [w.wait for w in works[:n_send]]
-        return (waits[:-1] + [lambda: [f() for f in waits[-1:] + sends_done]]) if waits else \
-            [lambda: [f() for f in sends_done]]
+class RingLinks:
+    """This rank's two links on the ring: it sends to its right neighbour, receives from its left.
 
-    exchange.start = start
-    return exchange
+    ``ranks`` lists the global ranks in ring order (the group's ranks), ``rank`` is our index in it.
+    """
+
+    def __init__(self, rank: int, world: int, ranks=None, group=None):
+        ranks = ranks or list(range(world))
+        self.right = ranks[(rank + 1) % world]
+        self.left = ranks[(rank - 1) % world]
+        self.group = group
+
+    def start(self, send: torch.Tensor | None, recv: torch.Tensor | None) -> list:
+        """Post the send of ``send`` and the receive into ``recv`` as one batch; return its Works.
+
+        Either may be None or empty: nothing to send, or nothing to receive, in this batch (chunk
+        lengths are known on both ends, so both ends skip the same empty messages). ``recv`` may
+        only be read after ``wait_all`` on the returned Works."""
+        ops = []
+        if send is not None and send.numel() > 0:
+            ops.append(dist.P2POp(dist.isend, send, self.right, self.group))
+        if recv is not None and recv.numel() > 0:
+            ops.append(dist.P2POp(dist.irecv, recv, self.left, self.group))
+        if not ops:
+            return []
+        return dist.batch_isend_irecv(ops)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        """Send ``send`` to the right neighbour, receive from the left one into ``recv``; return when both are done."""
+        wait_all(self.start(send, recv))
 
 
 def _check_input(tensor: torch.Tensor, op: str) -> None:
@@ -67,46 +86,73 @@ def _check_input(tensor: torch.Tensor, op: str) -> None:
         raise ValueError(f"op='avg' needs a floating-point tensor, got {tensor.dtype}")
 
 
-def reduce_scatter_phase(chunks, rank: int, world: int, exchange, segment_bytes: int = 2**20) -> None:
-    """N-1 steps: send chunk (rank - s), add the incoming chunk (rank - s - 1) into our copy.
+def reduce_scatter_phase(chunks, rank: int, world: int, links: RingLinks,
+                         segment_bytes: int = SEGMENT_BYTES) -> None:
+    """N-1 steps: send chunk (rank - s) to the right, add the incoming chunk (rank - s - 1) into ours.
 
-    Afterwards chunk (rank + 1) mod N holds the sum over all ranks. Large chunks travel as
-    segments of ``segment_bytes``, so adding one segment overlaps with receiving the next."""
-    scratch = torch.empty_like(chunks[0])  # chunk 0 is the longest
-    per_segment = max(1, segment_bytes // max(1, chunks[0].element_size()))
+    Afterwards chunk (rank + 1) mod N holds the sum over all ranks. ``segment_bytes`` must be the
+    same on every rank (as the tensor's size and dtype must be for any all-reduce)."""
+    scratch = torch.empty_like(chunks[0])  # [len(chunk 0)]: chunk 0 is the longest, room for any chunk
+    per_segment = max(1, segment_bytes // chunks[0].element_size())  # elements per segment
     for s in range(world - 1):
-        send, recv = chunks[(rank - s) % world], chunks[(rank - s - 1) % world]
-        incoming = scratch[: recv.numel()]
-        if recv.numel() <= per_segment or not hasattr(exchange, "start"):
-            exchange(send, incoming)
-            recv.add_(incoming)
-            continue
-        pending = exchange.start(send.split(per_segment), incoming.split(per_segment))
-        for wait, target, got in zip(pending, recv.split(per_segment), incoming.split(per_segment)):
-            wait()
-            target.add_(got)
+        send = chunks[(rank - s) % world]      # [L_send]: the right neighbour adds it into its copy
+        recv = chunks[(rank - s - 1) % world]  # [L_recv]: the left neighbour sends us its copy
+        send_and_add(links, send, recv, scratch[: recv.numel()], per_segment)
+
+
+def send_and_add(links: RingLinks, send: torch.Tensor, target: torch.Tensor, incoming: torch.Tensor,
+                 per_segment: int) -> None:
+    """Send ``send`` to the right; receive the left neighbour's copy of ``target`` into ``incoming``
+    and add it into ``target``.
+
+    Each message travels in segments of ``per_segment`` elements, cut from its own length only.
+    The sender and the receiver of a message both know that length (it is the same chunk on both
+    sides), so they cut it into the same segments. Our send and our receive are different chunks,
+    whose lengths may differ by one element, and so by one segment: batch i carries segment i of
+    each message that has one. Batch i+1 is posted before segment i is added, so the addition
+    overlaps the next transfer."""
+    sends = send.split(per_segment)          # segments of [<= per_segment]
+    receives = incoming.split(per_segment)   # segments of [<= per_segment]
+    targets = target.split(per_segment)      # the same cut as receives
+    batches = list(zip_longest(sends, receives))  # [(send segment or None, receive segment or None)]
+
+    in_flight = links.start(*batches[0])
+    for i in range(len(batches)):
+        current = in_flight
+        if i + 1 < len(batches):
+            in_flight = links.start(*batches[i + 1])  # post segment i+1 ...
+        wait_all(current)                             # ... then finish segment i (all its Works)
+        if i < len(receives):
+            targets[i].add_(receives[i])
 
 
 def all_gather_phase(chunks, rank: int, world: int, exchange) -> None:
     """N-1 steps: forward chunk (rank + 1 - s), the one completed most recently; overwrite the
-    incoming chunk (rank - s) with the neighbour's complete copy."""
+    incoming chunk (rank - s) with the neighbour's complete copy.
+
+    ``exchange(send, recv)`` sends to the right neighbour and receives from the left one
+    (``RingLinks.exchange``; notebook 02's exercise passes a stand-in with threads as ranks)."""
     for s in range(world - 1):
         exchange(chunks[(rank + 1 - s) % world], chunks[(rank - s) % world])
 
 
 def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, all_gather=all_gather_phase,
-                    segment_bytes: int = 2**20):
-    """In-place chunked ring all-reduce of ``tensor`` (any shape and size) over ``group``; returns it."""
+                    segment_bytes: int = SEGMENT_BYTES):
+    """In-place chunked ring all-reduce of ``tensor`` (any shape and size) over ``group``; returns it.
+
+    ``segment_bytes``: the size of the pieces reduce-scatter messages travel in (the same on every rank)."""
     _check_input(tensor, op)
+    if segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be at least 1, got {segment_bytes}")
     rank, world, ranks = _peers(group)
     if world == 1:
         return tensor
-    chunks = list(tensor.view(-1).tensor_split(world))  # views: the work happens in place
-    exchange = make_exchange(rank, world, ranks, group)
-    reduce_scatter_phase(chunks, rank, world, exchange, segment_bytes)
+    chunks = list(tensor.view(-1).tensor_split(world))  # N views of [n // N or n // N + 1]: in place
+    links = RingLinks(rank, world, ranks, group)
+    reduce_scatter_phase(chunks, rank, world, links, segment_bytes)
     if op == "avg":  # divide the one chunk we own, once, before handing it round
         chunks[(rank + 1) % world].div_(world)
-    all_gather(chunks, rank, world, exchange)
+    all_gather(chunks, rank, world, links.exchange)
     return tensor
 
 
@@ -119,11 +165,11 @@ def naive_ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None):
     rank, world, ranks = _peers(group)
     if world == 1:
         return tensor
-    exchange = make_exchange(rank, world, ranks, group)
-    flat = tensor.view(-1)
-    outgoing, incoming = flat.clone(), torch.empty_like(flat)
+    links = RingLinks(rank, world, ranks, group)
+    flat = tensor.view(-1)                                      # [n]
+    outgoing, incoming = flat.clone(), torch.empty_like(flat)  # [n] each
     for _ in range(world - 1):
-        exchange(outgoing, incoming)
+        links.exchange(outgoing, incoming)
         flat.add_(incoming)
         outgoing, incoming = incoming, outgoing
     if op == "avg":
@@ -150,7 +196,7 @@ def compare_with_library(sizes=(1, 5, 1001, 4099), ops=OPS, seed: int = 0) -> di
     rank, world = dist.get_rank(), dist.get_world_size()
     from source_code.distributed import pick_device
     device = pick_device(rank)[0]
-    impls = {"ring": ring_all_reduce, "ring_small_segments": lambda t, op: ring_all_reduce(t, op, segment_bytes=64),
+    impls = {"ring": ring_all_reduce, "ring_small_segments": partial(ring_all_reduce, segment_bytes=64),
              "naive_ring": naive_ring_all_reduce, "parameter_server": ps_all_reduce}
     out = {}
     for size in sizes:
