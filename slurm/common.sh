@@ -1,12 +1,16 @@
-# Shared by every job script here: site profile, the project's Python, rendezvous variables.
+# Shared by every job script here: site profile, the project's Python and its checks, the
+# launch command lines (slurm/launch.sh), rendezvous variables.
 # Not a job script itself: the job scripts `source` it after finding the repository (ROOT).
 #
 # Inputs (environment; sbatch passes the submitting shell's environment to the job):
 #   WORKSHOP_SITE   puhti | mahti | lumi | jureca | local (default): slurm/sites/$WORKSHOP_SITE.sh
 #   WORKSHOP_VENV   a virtual environment to activate (else: the python already on PATH,
 #                   e.g. an activated venv/conda env, or the one the site's modules provide)
-#   TRAIN_MODULE    the Python module to run (default: source_code.training.ddp, the main job)
+#   WORKSHOP_CONTAINER, WORKSHOP_CONTAINER_EXEC   run the launch inside a container (launch.sh)
+#   TRAIN_MODULE    the Python module to run (default: source_code.training.ddp, the main job;
+#                   any entry point that runs under torchrun or srun, e.g. a sharding script)
 #   NPROC_PER_NODE  processes per node (default: the GPUs Slurm gave the node; on `local`, its CPUs)
+#   TORCHRUN        the launcher (default: the profile's, else torchrun)
 
 WORKSHOP_SITE=${WORKSHOP_SITE:-local}
 profile="$ROOT/slurm/sites/$WORKSHOP_SITE.sh"
@@ -22,15 +26,45 @@ if [ -n "${WORKSHOP_VENV:-}" ]; then
     # shellcheck disable=SC1091
     source "$WORKSHOP_VENV/bin/activate" || { echo "error: WORKSHOP_VENV=$WORKSHOP_VENV is not a venv" >&2; exit 2; }
 fi
+# the checks below import source_code the way the job will: from the repository
+cd "$ROOT" || exit 2
+# shellcheck source=launch.sh
+source "$ROOT/slurm/launch.sh"
+container_prefix || exit 2
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import torch, source_code" 2>/dev/null; then
-    echo "error: $(command -v "$PYTHON" || echo "$PYTHON") cannot import torch and source_code;" \
-         "activate the workshop environment before sbatch (or export WORKSHOP_VENV=/path/to/venv)" >&2
+TRAIN_MODULE=${TRAIN_MODULE:-source_code.training.ddp}
+export SITE_CPU_MASKS SITE_NODE_DIRS
+
+# torch new enough for the workshop, in the environment the training runs in (the container's
+# when there is one): one line naming the fix, before any node waits for a rendezvous
+"${IN_CONTAINER[@]}" "$PYTHON" -c '
+import re, sys
+try:
+    import torch
+except ImportError:
+    sys.exit("error: %s cannot import torch; activate the workshop environment before sbatch "
+             "(or export WORKSHOP_VENV=/path/to/venv, or load the site PyTorch module)" % sys.executable)
+if tuple(map(int, re.match(r"(\d+)\.(\d+)", torch.__version__).groups())) < (2, 6):
+    sys.exit("error: torch %s is too old, the workshop needs torch >= 2.6: load a newer PyTorch "
+             "module (PYTORCH_MODULE=pytorch/<version>) or use the workshop venv (WORKSHOP_VENV)"
+             % torch.__version__)
+try:
+    import source_code
+except ImportError as err:
+    sys.exit("error: cannot import source_code from %s (%s); submit from the repository root "
+             "or export WORKSHOP_ROOT" % (sys.path[0] or ".", err))
+' || exit 2
+launcher=${TORCHRUN:-${SITE_TORCHRUN:-torchrun}}
+if [ ${#IN_CONTAINER[@]} -eq 0 ] && ! command -v "$launcher" >/dev/null; then
+    echo "error: $launcher not on PATH; activate the workshop environment" \
+         "$([ "$launcher" = torchrun_jsc ] && echo "and pip install torchrun_jsc in it (or TORCHRUN=torchrun)")" >&2
     exit 2
 fi
-command -v torchrun >/dev/null || { echo "error: torchrun not on PATH; activate the workshop environment" >&2; exit 2; }
-TRAIN_MODULE=${TRAIN_MODULE:-source_code.training.ddp}
-cd "$ROOT" || exit 2
+
+# srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05): without this, every task of
+# a step would get one core
+[ -n "${SLURM_CPUS_PER_TASK:-}" ] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+srun_commands
 
 # one process per GPU; on a CPU-only site one per allocated core
 if [ -z "${NPROC_PER_NODE:-}" ]; then
@@ -43,13 +77,15 @@ fi
 # the CPU cores of a task are shared by its processes: no oversubscription by OpenMP threads
 export OMP_NUM_THREADS=$(( ${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE} / NPROC_PER_NODE > 0 ? ${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE} / NPROC_PER_NODE : 1 ))
 
-# rendezvous: the first host of the job, a port derived from the job id (two jobs sharing a
-# node do not collide); SITE_MASTER_SUFFIX is for sites whose fast network has its own names
+# rendezvous: the first host of the job (under its fast-network name where the profile has a
+# SITE_MASTER_SUFFIX), a port derived from the job id so that two jobs sharing a node do not
+# collide, below 32768 where Linux starts handing out ephemeral ports to outgoing connections
 if [ -n "${SLURM_JOB_NODELIST:-}" ] && [ -z "${MASTER_ADDR:-}" ]; then
     MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)${SITE_MASTER_SUFFIX:-}"
     export MASTER_ADDR
 fi
-export MASTER_PORT=${MASTER_PORT:-$(( 20000 + ${SLURM_JOB_ID:-0} % 20000 ))}
+export MASTER_PORT=${MASTER_PORT:-$(( 20000 + ${SLURM_JOB_ID:-0} % 10000 ))}
 
 echo "job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname)}: site $WORKSHOP_SITE ($SITE_NAME)," \
-     "$NPROC_PER_NODE process(es) per task, python $(command -v "$PYTHON"), module $TRAIN_MODULE"
+     "$NPROC_PER_NODE process(es) per task, python $(command -v "$PYTHON"), module $TRAIN_MODULE" \
+     "${IN_CONTAINER[*]:+, in container: ${IN_CONTAINER[*]}}"

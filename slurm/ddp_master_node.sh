@@ -29,8 +29,10 @@ PORT=$("$PYTHON" -c "from source_code.distributed import free_port; print(free_p
 mkdir -p "$(dirname "$RDZV_FILE")"
 trap 'rm -f "$RDZV_FILE"' EXIT      # a finished master leaves no stale address behind
 echo "$HOST $PORT ${SLURM_JOB_ID:-none}" > "$RDZV_FILE.tmp" && mv "$RDZV_FILE.tmp" "$RDZV_FILE"
+# where torchrun cannot recognise its own (InfiniBand) host name: the master hosts the store
+is_host=""; [ "${RDZV_IS_HOST:-${SITE_RDZV_IS_HOST:-no}}" = yes ] && is_host=",is_host=1"
 echo "master: rendezvous at $HOST:$PORT, published in $RDZV_FILE; waiting for $((${NNODES:-2} - 1)) worker node(s)"
-torchrun --nnodes="${NNODES:-2}" --nproc-per-node="$NPROC_PER_NODE" \
+"${IN_CONTAINER[@]}" "$launcher" --nnodes="${NNODES:-2}" --nproc-per-node="$NPROC_PER_NODE" \
     --rdzv-backend=c10d --rdzv-endpoint="$HOST:$PORT" --rdzv-id="master-$PORT" \
-    --rdzv-conf=join_timeout="${JOIN_TIMEOUT:-600}" \
+    --rdzv-conf=join_timeout="${JOIN_TIMEOUT:-600}"$is_host \
     -m "$TRAIN_MODULE" "$@"

@@ -41,8 +41,9 @@ while :; do
     fi
     sleep 1
 done
+is_host=""; [ "${RDZV_IS_HOST:-${SITE_RDZV_IS_HOST:-no}}" = yes ] && is_host=",is_host=0"
 echo "worker on $(hostname): joining master $HOST:$PORT (job $JOB)"
-torchrun --nnodes="${NNODES:-2}" --nproc-per-node="$NPROC_PER_NODE" \
+"${IN_CONTAINER[@]}" "$launcher" --nnodes="${NNODES:-2}" --nproc-per-node="$NPROC_PER_NODE" \
     --rdzv-backend=c10d --rdzv-endpoint="$HOST:$PORT" --rdzv-id="master-$PORT" \
-    --rdzv-conf=join_timeout="${JOIN_TIMEOUT:-600}" \
+    --rdzv-conf=join_timeout="${JOIN_TIMEOUT:-600}"$is_host \
     -m "$TRAIN_MODULE" "$@"

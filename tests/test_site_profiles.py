@@ -1,7 +1,9 @@
 """The resource calculator and the site profiles: the rules of thumb, computed and checked."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -40,17 +42,26 @@ def test_lumi_16_gcds_two_whole_nodes_seven_cores_and_60gb_each():
 
 
 def test_share_of_the_node_follows_the_share_of_gpus():
-    for key in ("puhti", "mahti", "jureca"):
+    for key in ("puhti", "mahti", "lumi"):
         site = sp.load(key)
         o = opts(key, 2, "srun")
         assert int(o["cpus-per-task"]) * site.gpus_per_node <= site.cpus_per_node
         assert int(o["mem"].rstrip("G")) <= site.mem_per_node_gb // 2
     assert opts("puhti", 1)["cpus-per-task"] == "10"  # 40 cores / 4 GPUs
+    assert "mem" not in opts("jureca", 4)  # whole nodes: no memory request
 
 
-def test_partial_node_and_full_node_partitions():
+def test_partition_follows_the_gpu_count_and_test_runs_have_their_own():
     assert opts("mahti", 2)["partition"] == "gpusmall"
     assert opts("mahti", 8)["partition"] == "gpumedium"
+    with pytest.raises(sp.ProfileError, match="gpumedium takes whole nodes of 4 GPUs; use 2 or 4"):
+        sp.args("mahti", 3)
+    assert (opts("lumi", 7)["partition"], opts("lumi", 8)["partition"]) == ("small-g", "standard-g")
+    assert sp.args("puhti", 8, test=True, time="00:15:00")[0] == "--partition=gputest"
+    with pytest.raises(sp.ProfileError, match="gputest takes at most 8 GPUs for 15 min"):
+        sp.args("puhti", 4, test=True, time="00:20:00")
+    with pytest.raises(sp.ProfileError, match="not a Slurm time"):
+        sp.args("puhti", 4, time="half an hour")
 
 
 def test_gpu_count_that_does_not_fill_nodes_is_a_clear_error():
@@ -88,3 +99,182 @@ def test_profiles_are_valid_shell_with_a_site_environment_function():
         res = subprocess.run(["bash", "-c", f"source {sp.SITES_DIR / key}.sh && type site_environment "
                               "&& echo $SITE_GPUS_PER_NODE"], capture_output=True, text=True)
         assert res.stdout.split()[-1] == str(sp.load(key).gpus_per_node), key
+
+
+# The sites' documented limits, typed in from their user guides (not from the profiles), so that
+# a profile edit that breaks one fails here. GiB: Slurm's "G" suffix is GiB.
+# Puhti, Mahti: https://docs.csc.fi/computing/running/batch-job-partitions/ ("Puhti GPU
+#   partitions": gpu 3 days, 80 GPUs, 20 nodes, 373 GiB per node; gputest 15 min, 8 GPUs,
+#   2 nodes; at most 10 cores per GPU. "Mahti GPU partitions": gputest 15 min, 4 GPUs, 1 node;
+#   gpusmall 36 h, 2 GPUs, 1 node; gpumedium 36 h, 24 GPUs, 6 nodes; 490 GiB per node, 122.5 GiB
+#   allocated per GPU; at most 32 cores per GPU).
+# LUMI: https://docs.lumi-supercomputer.eu/runjobs/scheduled-jobs/partitions/ (standard-g
+#   2 days, 1024 nodes, whole nodes; small-g 3 days, 4 nodes; dev-g 3 h, 32 nodes);
+#   https://docs.lumi-supercomputer.eu/runjobs/scheduled-jobs/distribution-binding/ ("Only 56
+#   cores available on LUMI-G", 8 GCDs per node); memory: the LUMI AI Guide's job scripts,
+#   https://github.com/Lumi-supercomputer/LUMI-AI-Guide/tree/main/05-multi-gpu-and-node
+#   (--mem=480G for a whole node, --mem-per-gpu=60G).
+# JURECA-DC: whole nodes of 4 GPUs (--gres=gpu:4) and 128 cores, as in JSC's course job scripts,
+#   https://github.com/HelmholtzAI-FZJ/2025-12-course-Bringing-Deep-Learning-Workloads-to-JSC-supercomputers
+LIMITS = {
+    "puhti": {"gpus_per_node": 4, "cores_per_gpu": 10, "cores_per_node": 40,
+              "partitions": {"gpu": (80, 20, 3 * 24 * 60, 373), "gputest": (8, 2, 15, 373)}},
+    "mahti": {"gpus_per_node": 4, "cores_per_gpu": 32, "cores_per_node": 128, "mem_per_gpu": 122.5,
+              "partitions": {"gpusmall": (2, 1, 36 * 60, 490), "gpumedium": (24, 6, 36 * 60, 490),
+                             "gputest": (4, 1, 15, 490)}},
+    "lumi": {"gpus_per_node": 8, "cores_per_gpu": 7, "cores_per_node": 56, "mem_per_gpu": 60,
+             "partitions": {"standard-g": (8 * 1024, 1024, 2 * 24 * 60, 480),
+                            "small-g": (8 * 4, 4, 3 * 24 * 60, 480), "dev-g": (8 * 32, 32, 180, 480)}},
+    "jureca": {"gpus_per_node": 4, "cores_per_gpu": 32, "cores_per_node": 128,
+               "partitions": {"dc-gpu": (None,) * 4, "dc-gpu-devel": (None,) * 4}},
+}
+
+
+def headers(site):
+    """Every header the calculator writes for `site`: GPU counts up to 4 nodes, both launchers,
+    plus the test partition with its longest time."""
+    per = sp.load(site).gpus_per_node
+    cases = [(g, la, False, "00:30:00") for g in (*range(1, per + 1), 2 * per, 4 * per)
+             for la in ("torchrun", "srun")]
+    test = sp.load(site)
+    cases.append((min(per, test.test_max_gpus), "torchrun", True, f"{test.test_max_minutes}"))
+    out = []
+    for gpus, launcher, is_test, time in cases:
+        try:
+            out.append((gpus, dict(o.lstrip("-").split("=", 1)
+                                   for o in sp.args(site, gpus, launcher, time, test=is_test))))
+        except sp.ProfileError as err:  # a refused size names the sizes that fit
+            assert re.search(r"use \d+ or \d+", err.message), err.message
+    return out
+
+
+@pytest.mark.parametrize("site", sorted(LIMITS))
+def test_generated_headers_stay_within_the_documented_limits(site):
+    lim = LIMITS[site]
+    for gpus, o in headers(site):
+        nodes, tasks = int(o["nodes"]), int(o["ntasks-per-node"])
+        per_node = gpus // nodes
+        assert per_node <= lim["gpus_per_node"] and nodes * per_node == gpus, (site, gpus, o)
+        cores = int(o["cpus-per-task"]) * tasks
+        assert cores <= lim["cores_per_node"] and cores <= lim["cores_per_gpu"] * per_node, (site, gpus, o)
+        assert o["partition"] in lim["partitions"], (site, gpus, o)
+        max_gpus, max_nodes, max_minutes, max_mem = lim["partitions"][o["partition"]]
+        if max_gpus is not None:
+            assert gpus <= max_gpus and nodes <= max_nodes, (site, gpus, o)
+            assert sp.minutes(o["time"]) <= max_minutes, (site, gpus, o)
+        if "mem" in o:
+            mem = int(o["mem"].rstrip("G"))
+            assert max_mem is not None and mem <= max_mem, (site, gpus, o)
+            assert mem / per_node <= lim.get("mem_per_gpu", mem), (site, gpus, o)
+        else:
+            assert site == "jureca", "only whole-node sites may leave the memory out"
+
+
+def test_puhti_full_node_memory_is_below_the_partition_maximum_not_the_installed_384g():
+    assert opts("puhti", 4)["mem"] == "372G"  # 4 x 93 GiB <= 373 GiB; 380G would be refused
+    assert "pytorch" in sp.load("puhti").environment  # V100 needs the module's CUDA 12 build
+
+
+def test_lumi_cpu_masks_are_the_documented_ones_seven_cores_per_gcd():
+    # the mask list of LUMI's "GPU Binding" section (distribution-binding page), local rank 0..7
+    documented = ["fe000000000000", "fe00000000000000", "fe0000", "fe000000", "fe", "fe00",
+                  "fe00000000", "fe0000000000"]
+    text = (sp.SITES_DIR / "lumi.sh").read_text()
+    masks = re.search(r'^SITE_CPU_MASKS="([^"]+)"', text, re.M).group(1).split(",")
+    assert [int(m, 16) for m in masks] == [int(m, 16) for m in documented]
+    cores = [[c for c in range(64) if int(m, 16) >> c & 1] for m in masks]
+    assert all(len(c) == 7 for c in cores) and len(set(sum(cores, []))) == 56
+    assert not set(sum(cores, [])) & set(range(0, 64, 8))  # first core of each CCD: the system's
+    assert cores[0] == list(range(49, 56))  # GCD 0 sits next to NUMA node 3
+
+
+def compose(site, env=None, tasks_per_node=1):
+    """The launch lines slurm/launch.sh composes for `site` (modules stubbed: no cluster here)."""
+    script = f"""module() {{ :; }}; ROOT={ROOT}; source slurm/sites/{site}.sh; site_environment
+    source slurm/launch.sh; PYTHON=python3 TRAIN_MODULE=source_code.training.ddp NPROC_PER_NODE=8
+    container_prefix || exit 2; export SITE_CPU_MASKS; srun_commands
+    torchrun_command 2 --rdzv-backend=c10d --rdzv-endpoint=n1:20001 --rdzv-id=1
+    print_command "${{SRUN_PER_NODE[@]}}" "${{TORCHRUN_CMD[@]}}"
+    print_command "${{SRUN_PER_GPU[@]}}" "${{IN_CONTAINER[@]}}" "$PYTHON" -m "$TRAIN_MODULE" """
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("WORKSHOP_", "SITE_"))}
+    full.update({"SLURM_NTASKS_PER_NODE": str(tasks_per_node), **(env or {})})
+    res = subprocess.run(["bash", "-c", script], cwd=ROOT, env=full, capture_output=True, text=True)
+    return res.returncode, [shlex.split(line) for line in res.stdout.splitlines()], res.stderr
+
+
+def test_lumi_runs_in_the_given_container_with_cores_bound_to_each_gcd(tmp_path):
+    image = tmp_path / "pytorch.sif"
+    image.write_text("")
+    rc, (per_node, per_gpu), _ = compose("lumi", {"WORKSHOP_CONTAINER": str(image), "CONTAINER_RUNTIME": "true"},
+                                         tasks_per_node=8)
+    i = per_node.index("true")  # the runtime, after srun ... per_node.sh
+    assert per_node[:2] == ["srun", "--kill-on-bad-exit=1"] and per_node[i - 1].endswith("slurm/per_node.sh")
+    assert per_node[i:i + 5] == ["true", "exec", "--bind", str(ROOT), str(image)] and per_node[i + 5] == "torchrun"
+    assert per_node[-6:] == ["--no-python", "bash", f"{ROOT}/slurm/bind_local_rank.sh", "python3", "-m",
+                             "source_code.training.ddp"]
+    assert any(a.startswith("--cpu-bind=mask_cpu:0xfe000000000000,") for a in per_gpu)
+    # a partial node (4 tasks): no masks, Slurm's own placement
+    _, (_, per_gpu4), _ = compose("lumi", tasks_per_node=4)
+    assert not any(a.startswith("--cpu-bind") for a in per_gpu4)
+    rc, _, err = compose("lumi", {"WORKSHOP_CONTAINER": str(tmp_path / "missing.sif")})
+    assert rc == 2 and "is not a file" in err
+
+
+def test_csc_wrapper_command_runs_the_launch_in_the_module_container():
+    _, (per_node, per_gpu), _ = compose("puhti", {"WORKSHOP_CONTAINER_EXEC": "apptainer_wrapper exec"})
+    i = per_node.index("apptainer_wrapper")
+    assert per_node[i:i + 3] == ["apptainer_wrapper", "exec", "torchrun"]
+    assert per_gpu[-5:] == ["apptainer_wrapper", "exec", "python3", "-m", "source_code.training.ddp"]
+
+
+def test_jsc_torchrun_is_told_which_node_hosts_the_rendezvous():
+    _, (per_node, _), _ = compose("jureca")
+    assert "--cpu-bind=none" in per_node and "torchrun_jsc" in per_node
+    assert "--rdzv-conf=is_host=@IS_HOST@" in per_node
+    env = {k: v for k, v in os.environ.items() if k != "SITE_NODE_DIRS"}
+    for node, expected in (("0", "1"), ("3", "0")):
+        out = subprocess.run(["bash", str(ROOT / "slurm/per_node.sh"), "echo", "--rdzv-conf=is_host=@IS_HOST@"],
+                             env={**env, "SLURM_NODEID": node}, capture_output=True, text=True).stdout
+        assert out.strip() == f"--rdzv-conf=is_host={expected}"
+
+
+def test_per_node_directories_exist_before_the_command_runs(tmp_path):
+    d = tmp_path / "miopen-cache"
+    res = subprocess.run(["bash", str(ROOT / "slurm/per_node.sh"), "test", "-d", str(d)],
+                         env={**os.environ, "SITE_NODE_DIRS": str(d), "SLURM_NODEID": "1"})
+    assert res.returncode == 0
+
+
+def test_bind_local_rank_takes_the_mask_of_its_local_rank(tmp_path):
+    fake = tmp_path / "taskset"  # prints the core list instead of binding
+    fake.write_text('#!/bin/bash\necho "cores $2"\n')
+    fake.chmod(0o755)
+    masks = re.search(r'^SITE_CPU_MASKS="([^"]+)"', (sp.SITES_DIR / "lumi.sh").read_text(), re.M).group(1)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SITE_CPU_MASKS": masks,
+           "LOCAL_WORLD_SIZE": "8"}
+    run = lambda rank, **kw: subprocess.run(["bash", str(ROOT / "slurm/bind_local_rank.sh"), "true"],
+                                            env={**env, "LOCAL_RANK": rank, **kw}, capture_output=True,
+                                            text=True).stdout.strip()
+    assert run("0") == "cores 49,50,51,52,53,54,55" and run("4") == "cores 1,2,3,4,5,6,7"
+    assert "not a whole node, no CPU binding" in run("0", LOCAL_WORLD_SIZE="4")
+
+
+def test_torch_older_than_2_6_is_one_line_naming_the_fix(tmp_path):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text('__version__ = "2.5.1+cu121"\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "WORKSHOP_SITE": "local", "PYTHON": sys.executable}
+    res = subprocess.run(["bash", "-c", f"ROOT={ROOT}; source $ROOT/slurm/common.sh"], cwd="/", env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "torch 2.5.1+cu121 is too old, the workshop needs torch >= 2.6" in res.stderr
+    assert "PYTORCH_MODULE" in res.stderr and "WORKSHOP_VENV" in res.stderr
+
+
+def test_master_port_stays_below_the_ephemeral_range():
+    env = {**os.environ, "WORKSHOP_SITE": "local", "PYTHON": sys.executable, "SLURM_JOB_ID": "99999999",
+           "SLURM_CPUS_PER_TASK": "2"}
+    res = subprocess.run(["bash", "-c", f"ROOT={ROOT}; source $ROOT/slurm/common.sh >/dev/null; "
+                          'echo "$MASTER_PORT $SRUN_CPUS_PER_TASK"'], cwd="/", env=env,
+                         capture_output=True, text=True, check=True)
+    port, srun_cpus = res.stdout.split()
+    assert 20000 <= int(port) < 32768 and srun_cpus == "2"

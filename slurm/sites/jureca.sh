@@ -1,20 +1,40 @@
-# A JURECA-DC-like system (JSC, Germany): 4 x NVIDIA A100 (40 GB), 128 CPU cores, 512 GB memory.
+# A JURECA-DC-like system (JSC, Germany): 4 x NVIDIA A100 (40 GB), 128 CPU cores, 512 GB memory;
+# whole nodes are allocated, so the header asks for no memory.
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
 SITE_NAME="JURECA-like"
 SITE_PARTITION=dc-gpu
+SITE_PARTITION_MAX_GPUS=4096
+SITE_PARTITION_TEST=dc-gpu-devel   # short runs (limits below are this profile's own guess,
+                                   # not checked against JSC's documentation)
+SITE_TEST_MAX_GPUS=16
+SITE_TEST_MAX_MINUTES=120
 SITE_GPUS_PER_NODE=4
 SITE_GPU_REQUEST="--gres=gpu:{n}"
 SITE_CPUS_PER_NODE=128
-SITE_MEM_PER_NODE_GB=512
+SITE_MEM_PER_NODE_GB=0             # 0: no --mem line (whole nodes)
 SITE_MAX_CPUS_PER_GPU=32
-SITE_MAX_MEM_PER_GPU_GB=120
+SITE_MAX_MEM_PER_GPU_GB=120        # the node's share per GPU, for the resource table
+SITE_CONTAINER_RUNTIME=apptainer
+# torchrun's c10d rendezvous decides whether it hosts the store by comparing the endpoint with
+# its own host name; the endpoint is the InfiniBand name (host + "i"), which it does not
+# recognise as itself (pytorch/pytorch#73656): every node is told is_host=1|0 explicitly
+# (slurm/per_node.sh), and torchrun_jsc (pip install torchrun_jsc) also patches the addresses
+# the rendezvous publishes. TORCHRUN=torchrun uses plain torchrun with is_host only.
+SITE_RDZV_IS_HOST=yes
+SITE_TORCHRUN=torchrun_jsc
+SITE_MASTER_SUFFIX=i
+SITE_SRUN_ARGS="--cpu-bind=none"   # as JSC's examples start torchrun: its processes use all the task's cores
 
 site_environment() {
-    module purge
-    module load Stages/2024 GCC OpenMPI PyTorch
-    # InfiniBand: the rendezvous must use the node's IB name (host name + "i"), and the
-    # sockets of NCCL/gloo the IB interface
-    export SITE_MASTER_SUFFIX=i
+    module --force purge
+    # The Stage's own PyTorch module is older than the workshop needs (torch >= 2.6): load
+    # Python from the Stage and use the workshop venv built on it (WORKSHOP_VENV), torchrun_jsc
+    # installed there. STAGE picks the Stage.
+    module load "Stages/${STAGE:-2025}" GCC OpenMPI Python
+    # the sockets of NCCL/gloo on the InfiniBand interface
     export NCCL_SOCKET_IFNAME=ib0
     export GLOO_SOCKET_IFNAME=ib0
+    # all 4 GPUs visible to every process of a node, which picks cuda:LOCAL_RANK (JSC's
+    # examples set this: Slurm's per-task GPU binding would otherwise hide the others)
+    export CUDA_VISIBLE_DEVICES=0,1,2,3
 }

@@ -3,12 +3,17 @@
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
 SITE_NAME="local test cluster"
 SITE_PARTITION=debug
+SITE_PARTITION_MAX_GPUS=2
+SITE_PARTITION_TEST=debug
+SITE_TEST_MAX_GPUS=4
+SITE_TEST_MAX_MINUTES=15
 SITE_GPUS_PER_NODE=2               # process slots per node (CPU cores)
 SITE_GPU_REQUEST=""                # no GPUs to request
 SITE_CPUS_PER_NODE=2
 SITE_MEM_PER_NODE_GB=7
 SITE_MAX_CPUS_PER_GPU=1
 SITE_MAX_MEM_PER_GPU_GB=3
+SITE_CONTAINER_RUNTIME=apptainer
 
 site_environment() {
     # the project's Python comes from the submitting shell (venv bin first on PATH)

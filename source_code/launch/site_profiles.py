@@ -2,6 +2,7 @@
 
     python -m source_code.launch.site_profiles --site lumi --gpus 16
     python -m source_code.launch.site_profiles --site puhti --gpus 2 --launcher srun
+    python -m source_code.launch.site_profiles --site mahti --gpus 4 --test --time 00:10:00
     sbatch $(python -m source_code.launch.site_profiles --site mahti --gpus 8 --format args) slurm/ddp_multinode.slurm
     python -m source_code.launch.site_profiles --list
 
@@ -11,6 +12,9 @@ their module lines and interconnect variables); this module reads their SITE_* v
 Rules of thumb it applies:
 * whole nodes when the job needs more GPUs than a node has: the GPU count must then be a
   multiple of the GPUs per node;
+* the partition follows the GPU count: up to SITE_PARTITION_MAX_GPUS in SITE_PARTITION (Mahti's
+  gpusmall takes 1-2 GPUs, LUMI's small-g partial nodes), larger jobs in
+  SITE_PARTITION_FULL_NODES; --test: the site's partition for short runs, within its limits;
 * each GPU gets the same share of the node's CPU cores and memory as it has of the node's
   GPUs (capped by the site: on LUMI at most 7 cores and 60 GB per GCD);
 * torchrun layout: one task per node holding all its GPUs' cores, torchrun starts the
@@ -44,13 +48,17 @@ class Site:
     key: str
     name: str
     partition: str
+    partition_max_gpus: int
     partition_full_nodes: str
+    partition_test: str
+    test_max_gpus: int
+    test_max_minutes: int
     gpus_per_node: int
     gpu_request: str  # e.g. "--gres=gpu:v100:{n}", "--gpus-per-node={n}", "" (no GPUs)
     cpus_per_node: int
     mem_per_node_gb: int
     max_cpus_per_gpu: int
-    max_mem_per_gpu_gb: int
+    max_mem_per_gpu_gb: int  # with mem_per_node_gb == 0: no --mem line (whole nodes)
     environment: str  # the body of site_environment(): module lines, interconnect variables
 
     @property
@@ -59,6 +67,8 @@ class Site:
 
     @property
     def mem_per_gpu_gb(self) -> int:
+        if not self.mem_per_node_gb:
+            return self.max_mem_per_gpu_gb
         return max(1, min(self.mem_per_node_gb // self.gpus_per_node, self.max_mem_per_gpu_gb))
 
 
@@ -80,7 +90,11 @@ def load(key: str) -> Site:
     env = "\n".join(ln[4:] if ln.startswith("    ") else ln for ln in body.strip("\n").splitlines())
     partition = values["SITE_PARTITION"]
     return Site(key, values["SITE_NAME"], partition,
+                int(values.get("SITE_PARTITION_MAX_GPUS", values["SITE_GPUS_PER_NODE"])),
                 values.get("SITE_PARTITION_FULL_NODES", partition),
+                values.get("SITE_PARTITION_TEST", partition),
+                int(values.get("SITE_TEST_MAX_GPUS", values["SITE_GPUS_PER_NODE"])),
+                int(values.get("SITE_TEST_MAX_MINUTES", 15)),
                 int(values["SITE_GPUS_PER_NODE"]), values["SITE_GPU_REQUEST"],
                 int(values["SITE_CPUS_PER_NODE"]), int(values["SITE_MEM_PER_NODE_GB"]),
                 int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env)
@@ -100,15 +114,51 @@ def layout(site: Site, gpus: int) -> tuple[int, int]:
     return gpus // per, per
 
 
+def minutes(time: str) -> float:
+    """Slurm's time formats (m, m:s, h:m:s, d-h, d-h:m, d-h:m:s) in minutes."""
+    try:
+        days, _, rest = time.rpartition("-")
+        parts = [int(x) for x in rest.split(":")]
+        if days:
+            h, m, sec = (parts + [0, 0])[:3] if len(parts) <= 3 else (None, None, None)
+        else:
+            h, m, sec = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}.get(len(parts), (None,) * 3)
+        if h is None or min(parts) < 0:
+            raise ValueError
+        total = (int(days or 0) * 24 + h) * 60 + m + sec / 60
+    except ValueError:
+        raise ProfileError(f"error: --time {time!r} is not a Slurm time ([days-]hh:mm:ss)") from None
+    if total <= 0:
+        raise ProfileError(f"error: --time {time!r} must be longer than zero")
+    return total
+
+
+def partition(site: Site, gpus: int, test: bool = False, time: str = "00:30:00") -> tuple[str, str]:
+    """(partition, why) for ``gpus`` GPUs; --test runs must fit the test partition's limits."""
+    if test:
+        if gpus > site.test_max_gpus or minutes(time) > site.test_max_minutes:
+            raise ProfileError(f"error: {site.name}'s test partition {site.partition_test} takes at most "
+                               f"{site.test_max_gpus} GPUs for {site.test_max_minutes} min; "
+                               f"drop --test or ask for less")
+        return site.partition_test, f"short test run (at most {site.test_max_minutes} min)"
+    if gpus <= site.partition_max_gpus or site.partition_full_nodes == site.partition:
+        return site.partition, site.name if gpus > site.partition_max_gpus or \
+            site.partition_full_nodes == site.partition else f"up to {site.partition_max_gpus} GPUs"
+    if gpus % site.gpus_per_node:
+        lower, upper = site.partition_max_gpus, math.ceil(gpus / site.gpus_per_node) * site.gpus_per_node
+        raise ProfileError(f"error: {site.name}'s {site.partition_full_nodes} takes whole nodes of "
+                           f"{site.gpus_per_node} GPUs; use {lower} or {upper}")
+    return site.partition_full_nodes, f"more than {site.partition_max_gpus} GPUs: whole nodes"
+
+
 def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
-                   account: str | None = None) -> list[tuple[str, str]]:
+                   account: str | None = None, test: bool = False) -> list[tuple[str, str]]:
     """The options as (flag, why) pairs, in the order they are printed."""
     site = load(key)
     nodes, per_node = layout(site, gpus)
-    full = per_node == site.gpus_per_node and site.gpu_request != ""
-    opts = [(f"--partition={site.partition_full_nodes if full else site.partition}",
-             "whole nodes" if full and site.partition_full_nodes != site.partition else
-             f"{site.name}")]
+    minutes(time)
+    part, why = partition(site, gpus, test, time)
+    opts = [(f"--partition={part}", why)]
     if account:
         opts.append((f"--account={account}", "billing project"))
     opts.append((f"--nodes={nodes}", f"{gpus} GPUs = {nodes} x {per_node}"))
@@ -123,7 +173,8 @@ def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = 
         raise ProfileError(f"error: --launcher {launcher!r}: choose torchrun or srun")
     if site.gpu_request:
         opts.append((site.gpu_request.format(n=per_node), f"{per_node} GPUs on each node"))
-    opts.append((f"--mem={site.mem_per_gpu_gb * per_node}G", f"{site.mem_per_gpu_gb} GB per GPU"))
+    if site.mem_per_node_gb:  # G = GiB for Slurm
+        opts.append((f"--mem={site.mem_per_gpu_gb * per_node}G", f"{site.mem_per_gpu_gb} GiB per GPU"))
     opts.append((f"--time={time}", "wall-clock limit"))
     # the job scripts source slurm/sites/<site>.sh (module lines, interconnect variables)
     opts.append((f"--export=ALL,WORKSHOP_SITE={key}", f"job scripts load slurm/sites/{key}.sh"))
@@ -131,8 +182,8 @@ def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = 
 
 
 def header(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
-           account: str | None = None) -> str:
-    opts = sbatch_options(key, gpus, launcher, time, account)
+           account: str | None = None, test: bool = False) -> str:
+    opts = sbatch_options(key, gpus, launcher, time, account, test)
     width = max(len(o) for o, _ in opts) + 9
     lines = [f"#SBATCH {o}".ljust(width) + f"  # {why}" for o, why in opts]
     if not account:
@@ -141,9 +192,9 @@ def header(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:0
 
 
 def args(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
-         account: str | None = None) -> list[str]:
+         account: str | None = None, test: bool = False) -> list[str]:
     """The same as sbatch command-line options (they override the script's #SBATCH lines)."""
-    return [o for o, _ in sbatch_options(key, gpus, launcher, time, account)]
+    return [o for o, _ in sbatch_options(key, gpus, launcher, time, account, test)]
 
 
 def table(gpus: int) -> list[dict]:
@@ -168,6 +219,7 @@ def main(argv=None):
     p.add_argument("--launcher", default="torchrun", help="torchrun (a task per node) | srun (a task per GPU)")
     p.add_argument("--time", default="00:30:00")
     p.add_argument("--account", default=None, help="billing project (default: SBATCH_ACCOUNT)")
+    p.add_argument("--test", action="store_true", help="the site's partition for short test runs")
     p.add_argument("--format", default="header", choices=["header", "args", "env"],
                    help="header: #SBATCH lines; args: sbatch options; env: the site's module lines")
     p.add_argument("--list", action="store_true", help="list the sites")
@@ -182,9 +234,9 @@ def main(argv=None):
             raise ProfileError(f"error: --site is required; one of: {', '.join(sites())}")
         gpus = a.gpus or load(a.site).gpus_per_node
         if a.format == "header":
-            print(header(a.site, gpus, a.launcher, a.time, a.account))
+            print(header(a.site, gpus, a.launcher, a.time, a.account, a.test))
         elif a.format == "args":
-            print(" ".join(shlex.quote(x) for x in args(a.site, gpus, a.launcher, a.time, a.account)))
+            print(" ".join(shlex.quote(x) for x in args(a.site, gpus, a.launcher, a.time, a.account, a.test)))
         else:
             print(load(a.site).environment)
     except ProfileError as err:

@@ -1,0 +1,64 @@
+# The launch command lines of the job scripts, composed from the site profile and environment.
+# Sourced by slurm/common.sh. Everything is a bash array, so that no argument is split or
+# globbed on its way to srun; `print_command` shows an array as a shell would read it.
+#
+#   IN_CONTAINER   runs a command inside the site's container image (empty: no container):
+#                  WORKSHOP_CONTAINER_EXEC="apptainer_wrapper exec" (a site's wrapper command),
+#                  or WORKSHOP_CONTAINER=/path/image.sif: $CONTAINER_RUNTIME exec --bind ROOT IMAGE
+#                  (CONTAINER_RUNTIME default: the profile's apptainer or singularity)
+#   SRUN_PER_NODE  srun starting one task per node, through slurm/per_node.sh
+#   SRUN_PER_GPU   srun starting the job's tasks (one per GPU), through slurm/per_node.sh
+#   torchrun_command NNODES [OPTION...]   sets TORCHRUN_CMD: the launcher, its options, the module
+
+print_command() { printf '%q ' "$@"; echo; }
+
+container_prefix() {
+    IN_CONTAINER=()
+    if [ -n "${WORKSHOP_CONTAINER_EXEC:-}" ]; then
+        read -r -a IN_CONTAINER <<< "$WORKSHOP_CONTAINER_EXEC"
+    elif [ -n "${WORKSHOP_CONTAINER:-}" ]; then
+        local runtime=${CONTAINER_RUNTIME:-${SITE_CONTAINER_RUNTIME:-apptainer}}
+        if [ ! -f "$WORKSHOP_CONTAINER" ]; then
+            echo "error: WORKSHOP_CONTAINER=$WORKSHOP_CONTAINER is not a file; give the path of the site's PyTorch image (.sif)" >&2
+            return 2
+        fi
+        if ! command -v "$runtime" >/dev/null; then
+            echo "error: container runtime $runtime not found; load the site's module for it or set CONTAINER_RUNTIME" >&2
+            return 2
+        fi
+        IN_CONTAINER=("$runtime" exec --bind "$ROOT" "$WORKSHOP_CONTAINER")
+    fi
+}
+
+srun_commands() {
+    # one failed task ends the whole step (and the job) instead of leaving the others waiting
+    local srun=(srun --kill-on-bad-exit=1)
+    local site_args=()
+    read -r -a site_args <<< "${SITE_SRUN_ARGS:-}"
+    SRUN_PER_NODE=("${srun[@]}" --ntasks-per-node=1 "${site_args[@]}" bash "$ROOT/slurm/per_node.sh")
+    SRUN_PER_GPU=("${srun[@]}")
+    # CPU-to-GPU binding for one task per GPU: only where the node runs one task per mask
+    local masks=()
+    IFS=, read -r -a masks <<< "${SITE_CPU_MASKS:-}"
+    if [ "${#masks[@]}" -gt 0 ] && [ "${SLURM_NTASKS_PER_NODE:-0}" = "${#masks[@]}" ]; then
+        SRUN_PER_GPU+=("--cpu-bind=mask_cpu:${SITE_CPU_MASKS}")
+    fi
+    SRUN_PER_GPU+=(bash "$ROOT/slurm/per_node.sh")
+}
+
+torchrun_command() {
+    local nnodes=$1; shift
+    TORCHRUN_CMD=("${IN_CONTAINER[@]}" "${TORCHRUN:-${SITE_TORCHRUN:-torchrun}}"
+                  --nnodes="$nnodes" --nproc-per-node="$NPROC_PER_NODE" "$@")
+    # sites where torchrun cannot tell from the host name that it hosts the rendezvous store:
+    # per_node.sh puts 1 (first node) or 0 in place of @IS_HOST@
+    if [ "${RDZV_IS_HOST:-${SITE_RDZV_IS_HOST:-no}}" = yes ] && [ "$nnodes" != 1 ]; then
+        TORCHRUN_CMD+=("--rdzv-conf=is_host=@IS_HOST@")
+    fi
+    if [ -n "${SITE_CPU_MASKS:-}" ]; then
+        # every process bound to the cores next to its GPU (slurm/bind_local_rank.sh)
+        TORCHRUN_CMD+=(--no-python bash "$ROOT/slurm/bind_local_rank.sh" "$PYTHON" -m "$TRAIN_MODULE")
+    else
+        TORCHRUN_CMD+=(-m "$TRAIN_MODULE")
+    fi
+}
