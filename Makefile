@@ -4,7 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 NPROC   ?= 2
 
-.PHONY: run test lab venv clean-venv
+PYTHON  ?= $(BIN)/python
+
+.PHONY: run test lab venv clean-venv gpu-smoke
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +23,10 @@ run: venv
 ## the whole suite: unit, parity, fault, Slurm and every notebook (nbval)
 test: venv
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)
+gpu-smoke: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
+	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.gpu_smoke $(ARGS)
 
 ## JupyterLab on the notebooks
 lab: venv
