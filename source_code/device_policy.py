@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from source_code.errors import LaunchError
+from source_code.errors import LaunchError, run_main
 
 MIXED = "cpu:gloo,cuda:nccl"
 VISIBLE = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -191,4 +191,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

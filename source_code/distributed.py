@@ -38,7 +38,6 @@ import os
 import random
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from source_code import device_policy
-from source_code.errors import LaunchError
+from source_code.errors import LaunchError, run_main
 
 __all__ = ["LaunchError", "Context", "context", "pick_device", "ranks_from_env", "setup",
            "cleanup", "session", "run_main", "print0", "seed_everything", "all_reduce_mean",
@@ -310,21 +309,3 @@ def session(launch_hint: str | None = None, allow_single: bool = False, seed: in
         cleanup(barrier=False)
         raise
     cleanup()
-
-
-def run_main(main) -> None:
-    """Entry-point wrapper: ``if __name__ == "__main__": run_main(main)``.
-
-    Turns LaunchError into one line on stderr with exit status 2, printed once per job (by
-    rank 0, or by every rank for an error about that rank alone), and flushes output before
-    the interpreter exits.
-    """
-    try:
-        code = main()
-    except LaunchError as err:
-        if err.every_rank or os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-            print(err.message, file=sys.stderr, flush=True)
-        code = 2
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code if isinstance(code, int) else 0)

@@ -6,6 +6,9 @@ for a mistake that one sentence explains.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 
 class LaunchError(SystemExit):
     """One actionable line (exit status 2). ``every_rank``: print it on every rank that has it."""
@@ -17,3 +20,21 @@ class LaunchError(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+def run_main(main) -> None:
+    """Entry-point wrapper: ``if __name__ == "__main__": run_main(main)``.
+
+    Turns LaunchError into one line on stderr with exit status 2, printed once per job (by
+    rank 0, or by every rank for an error about that rank alone), and flushes output before
+    the interpreter exits.
+    """
+    try:
+        code = main()
+    except LaunchError as err:
+        if err.every_rank or os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+            print(err.message, file=sys.stderr, flush=True)
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code if isinstance(code, int) else 0)

@@ -15,6 +15,8 @@ import subprocess
 import torch
 import torch.distributed as dist
 
+from source_code.cli import Parser
+
 
 def memory_gib() -> float | None:
     """Total RAM in GiB from /proc/meminfo (Linux), None elsewhere."""
@@ -47,16 +49,22 @@ def gpus() -> list[dict]:
     return out
 
 
+# how GPUs, NICs and CPUs connect: NVIDIA's tool, then AMD's (LUMI's MI250X GCDs)
+TOPOLOGY_TOOLS = (("nvidia-smi", ["topo", "-m"]), ("rocm-smi", ["--showtopo"]))
+
+
 def topology() -> str:
-    """``nvidia-smi topo -m`` (how GPUs, NICs and CPUs connect), or why it is not available."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return ("nvidia-smi not found: no NVIDIA driver on this machine, so there is no GPU "
-                "topology to show (processes talk through shared memory / loopback TCP)")
-    res = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=60)
-    if res.returncode != 0:
-        return f"nvidia-smi topo -m failed (exit {res.returncode}): {res.stderr.strip()}"
-    return res.stdout.rstrip()
+    """``nvidia-smi topo -m`` or ``rocm-smi --showtopo``, or why neither is available."""
+    for tool, args in TOPOLOGY_TOOLS:
+        exe = shutil.which(tool)
+        if exe is None:
+            continue
+        res = subprocess.run([exe, *args], capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            return f"{tool} {' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip()}"
+        return res.stdout.rstrip()
+    return ("neither nvidia-smi nor rocm-smi found: no GPU driver on this machine, so there is "
+            "no GPU topology to show (processes talk through shared memory / loopback TCP)")
 
 
 def describe() -> dict:
@@ -68,13 +76,20 @@ def describe() -> dict:
         "cpu_cores_usable": usable_cores(),
         "memory_gib": memory_gib(),
         "torch": torch.__version__,
-        "torch_built_with_cuda": torch.version.cuda,  # None for a CPU-only build
+        "torch_built_with_cuda": torch.version.cuda,  # None for a CPU-only or ROCm build
+        "torch_built_with_rocm": torch.version.hip,   # ROCm builds: GPUs still say "cuda"
         "cuda_available": torch.cuda.is_available(),
         "gpus": gpus(),
         "backends": {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
                      "mpi": dist.is_mpi_available()},
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def _gpu_build(info: dict) -> str:
+    if info.get("torch_built_with_rocm"):
+        return f"ROCm {info['torch_built_with_rocm']} (its GPUs appear as torch 'cuda' devices)"
+    return f"CUDA {info['torch_built_with_cuda']}" if info["torch_built_with_cuda"] else "no GPU support"
 
 
 def format_report(info: dict) -> str:
@@ -84,22 +99,22 @@ def format_report(info: dict) -> str:
         f"CPU cores       {info['cpu_cores_usable']} usable of {info['cpu_cores_total']}",
         f"memory          {mem}",
         f"python / torch  {info['python']} / {info['torch']}",
-        f"torch CUDA      built with {info['torch_built_with_cuda'] or 'no CUDA'}; "
-        f"available: {info['cuda_available']}",
+        f"torch GPU       built with "
+        f"{_gpu_build(info)}; available: {info['cuda_available']}",
         "backends        " + ", ".join(k for k, v in info["backends"].items() if v),
     ]
     if info["gpus"]:
         for g in info["gpus"]:
+            unit = "CUs" if info.get("torch_built_with_rocm") else "SMs"
             lines.append(f"GPU {g['index']}           {g['name']}, {g['memory_gib']:.1f} GiB, "
-                         f"{g['multiprocessors']} SMs")
+                         f"{g['multiprocessors']} {unit}")
     else:
         lines.append("GPUs            none visible: training runs on the CPU with gloo")
     return "\n".join(lines)
 
 
 def main(argv=None):
-    import argparse
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    Parser(description=__doc__.splitlines()[0]).parse_args(argv)
     print(format_report(describe()))
     print()
     print(topology())

@@ -14,7 +14,6 @@ and synchronises before reading the clock.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -23,7 +22,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from source_code.cli import Parser, positive_int
 from source_code.distributed import context, print0, run_main, session
+from source_code.errors import LaunchError
 
 MiB = 2**20
 DEFAULT_SIZES = [8 * 4**k for k in range(11)] + [16 * MiB]  # 8 B ... 8 MiB, 16 MiB
@@ -130,23 +131,23 @@ def parse_sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s]
     except ValueError:
-        raise SystemExit(f"error: --sizes wants bytes separated by commas, e.g. 8,1024,1048576; got {text!r}")
+        raise LaunchError(f"error: --sizes wants bytes separated by commas, e.g. 8,1024,1048576; got {text!r}")
     if len(sizes) < 2 or min(sizes) < 1:
-        raise SystemExit("error: --sizes needs at least two positive sizes to fit alpha and beta")
+        raise LaunchError("error: --sizes needs at least two positive sizes to fit alpha and beta")
     return sizes
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Ping-pong between two processes; fit alpha and beta.")
-    p.add_argument("--world-size", type=int, default=2,
+    p = Parser(description="Ping-pong between two processes; fit alpha and beta.")
+    p.add_argument("--world-size", type=positive_int, default=2,
                    help="processes to start when not launched by torchrun/srun (default 2)")
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
                    help="message sizes in bytes, comma-separated (default 8 B ... 16 MiB)")
-    p.add_argument("--iters", type=int, default=20, help="timed round trips per size")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed round trips per size")
     args = p.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     if args.world_size < 2:
-        raise SystemExit("error: --world-size must be at least 2 (rank 0 and rank 1 play ping-pong)")
+        raise LaunchError("error: --world-size must be at least 2 (rank 0 and rank 1 play ping-pong)")
     from source_code.distributed import ranks_from_env
     if ranks_from_env() is None:
         report(run_spawned(args.world_size, sizes, args.iters))

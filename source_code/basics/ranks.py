@@ -9,11 +9,11 @@ which prints one line per rank.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch.distributed as dist
 
+from source_code.cli import Parser, positive_int
 from source_code.distributed import context, print0, run_main, session
 
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -42,8 +42,8 @@ def format_line(r: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Every process reports its rank, local rank and device.")
-    p.add_argument("--world-size", type=int, default=2,
+    p = Parser(description="Every process reports its rank, local rank and device.")
+    p.add_argument("--world-size", type=positive_int, default=2,
                    help="processes to start when not launched by torchrun/srun (default 2)")
     args = p.parse_args(argv)
     from source_code.distributed import ranks_from_env

@@ -18,12 +18,12 @@ small: every run is deterministic for a seed and takes a fraction of a second.
 """
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 import torch.nn.functional as F
 
+from source_code.cli import Parser, positive_int
 from source_code.data import digits
 
 N_FEATURES, N_CLASSES = 64, 10
@@ -235,8 +235,8 @@ def peak_loss(hist: dict, first_epochs: float | None = None) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="The checks of notebook 01 on softmax regression.")
-    p.add_argument("--epochs", type=int, default=3)
+    p = Parser(description="The checks of notebook 01 on softmax regression.")
+    p.add_argument("--epochs", type=positive_int, default=3)
     args = p.parse_args(argv)
     for n in (1, 2, 4, 8):
         print(f"{n} shards: max |mean shard grad - batch grad| = {shard_identity(n):.2e}")

@@ -12,7 +12,6 @@ because all three must compute the same averaged gradients. Rank 0's step times 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import statistics
@@ -24,10 +23,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from source_code.cli import Parser, nonnegative_int, positive_float, positive_int
 from source_code import data, models
 from source_code.ddp_internals.bucketed import BucketedDDP
 from source_code.ddp_internals.naive import NaiveDDP
+from source_code.device_policy import exact_math
 from source_code.distributed import print0, run_main, session
+from source_code.errors import LaunchError
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare"
@@ -101,31 +103,31 @@ def report(res: dict, args) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
-    p.add_argument("--batch-size", type=int, default=64, help="global batch size")
-    p.add_argument("--width", type=int, default=32, help="SmallCNN width (parameters grow ~width^2)")
-    p.add_argument("--bucket-mb", type=float, default=0.25)
-    p.add_argument("--lr", type=float, default=0.05)
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--warmup", type=nonnegative_int, default=3, help="first steps left out of the timing")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="global batch size")
+    p.add_argument("--width", type=positive_int, default=32, help="SmallCNN width (parameters grow ~width^2)")
+    p.add_argument("--bucket-mb", type=positive_float, default=0.25)
+    p.add_argument("--lr", type=positive_float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--tol", type=positive_float, default=1e-5)
     p.add_argument("--out", default="", help="write rank 0's step times and the differences as JSON")
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
-        raise SystemExit(f"error: --steps {args.steps} must exceed --warmup {args.warmup}")
+        raise LaunchError(f"error: --steps {args.steps} must exceed --warmup {args.warmup}")
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
         loop.per_rank_batch(args.batch_size, ctx.world_size)  # one-line error if it does not divide
+        print0(exact_math())  # TF32 and cuDNN autotuning would break 1e-5 on a GPU
         res = run(ctx, args)
-        rank = ctx.rank
         report(res, args)
         if ctx.is_main and args.out:
             with open(args.out, "w") as f:
                 json.dump({"world_size": ctx.world_size, "warmup": args.warmup, **res}, f)
     worst = max(res["diffs"].values())
     if worst > args.tol:
-        raise SystemExit(1 if rank else f"error: final weights differ by {worst:.2e} > --tol {args.tol}")
+        raise LaunchError(f"error: final weights differ by {worst:.2e} > --tol {args.tol}")
     return 0
 
 

@@ -12,16 +12,17 @@ weights after the step differ by at most --tol from the large-batch step, else i
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from source_code.cli import Parser, positive_float, positive_int
 from source_code import data, models
 from source_code.ddp_internals.bucketed import BucketedDDP
 from source_code.distributed import print0, run_main, session
+from source_code.errors import LaunchError
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.no_sync"
 
@@ -83,14 +84,14 @@ def accumulate_vs_large_batch(ctx, kind: str, k: int, micro: int, seed: int = 0,
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--k", type=int, default=4, help="micro-batches accumulated per optimizer step")
-    p.add_argument("--micro", type=int, default=8, help="samples per micro-batch per rank")
-    p.add_argument("--bucket-mb", type=float, default=0.01)
-    p.add_argument("--tol", type=float, default=1e-5)
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--k", type=positive_int, default=4, help="micro-batches accumulated per optimizer step")
+    p.add_argument("--micro", type=positive_int, default=8, help="samples per micro-batch per rank")
+    p.add_argument("--bucket-mb", type=positive_float, default=0.01)
+    p.add_argument("--tol", type=positive_float, default=1e-5)
     args = p.parse_args(argv)
     if args.k < 1 or args.micro < 1:
-        raise SystemExit("error: --k and --micro must be at least 1")
+        raise LaunchError("error: --k and --micro must be at least 1")
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH, allow_single=True) as ctx:
         results = [accumulate_vs_large_batch(ctx, kind, args.k, args.micro, bucket_mb=args.bucket_mb)
@@ -101,7 +102,7 @@ def main(argv=None):
                    f"{r['k'] * r['calls_per_sync']})")
     worst = max(r["max_abs_diff"] for r in results)  # equal on all ranks (synced weights)
     if worst > args.tol:
-        raise SystemExit(f"error: accumulated step differs from the large-batch step by {worst:.2e} > {args.tol}")
+        raise LaunchError(f"error: accumulated step differs from the large-batch step by {worst:.2e} > {args.tol}")
     return 0
 
 

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -23,6 +22,9 @@ import time
 from pathlib import Path
 
 import torch
+
+from source_code.cli import Parser, positive_int
+from source_code.errors import run_main
 
 
 def first_attempt(env=None) -> bool:
@@ -106,14 +108,14 @@ def kill_during_write(path, megabytes: int = 64, timeout: float = 60) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kill-during-write", help="kill a writer mid-write, then load what is left")
     k.add_argument("path")
-    k.add_argument("--megabytes", type=int, default=64)
+    k.add_argument("--megabytes", type=positive_int, default=64)
     r = sub.add_parser("rewrite", help="(the child of kill-during-write)")
     r.add_argument("path")
-    r.add_argument("--megabytes", type=int, default=64)
+    r.add_argument("--megabytes", type=positive_int, default=64)
     a = p.parse_args(argv)
     if a.cmd == "rewrite":
         _rewrite_forever(a.path, a.megabytes)
@@ -124,4 +126,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

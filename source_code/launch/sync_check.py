@@ -18,7 +18,6 @@ reference:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 
@@ -27,8 +26,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from source_code.cli import Parser, positive_float, positive_int
 from source_code import data, models
+from source_code.device_policy import exact_math
 from source_code.distributed import print0, run_main, session
+from source_code.errors import LaunchError
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.launch.sync_check"
 
@@ -102,17 +104,18 @@ def parse(text: str) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=48, help="global batch, split among ranks")
-    p.add_argument("--lr", type=float, default=0.1)
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--batch-size", type=positive_int, default=48, help="global batch, split among ranks")
+    p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
     with session(launch_hint=LAUNCH) as ctx:
         if args.batch_size % ctx.world_size:
-            raise SystemExit(f"error: --batch-size {args.batch_size} does not divide among "
-                             f"{ctx.world_size} ranks; use a multiple of {ctx.world_size}")
+            raise LaunchError(f"error: --batch-size {args.batch_size} does not divide among "
+                              f"{ctx.world_size} ranks; use a multiple of {ctx.world_size}")
+        exact_math()  # TF32 and cuDNN autotuning would break the comparison on a GPU
         check(ctx, args)
     return 0
 

@@ -11,10 +11,12 @@ No process group is created: this only reads the environment.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
+
+from source_code.cli import Parser, nonnegative_int
+from source_code.errors import run_main
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
         "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID",
@@ -50,8 +52,8 @@ def parse(text: str) -> list[dict]:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--spawn", type=int, default=0, help="start N processes with torch.multiprocessing.spawn")
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--spawn", type=nonnegative_int, default=0, help="start N processes with torch.multiprocessing.spawn")
     a = p.parse_args(argv)
     for env in (spawn_environments(a.spawn) if a.spawn else [environment()]):
         print(json.dumps(env), flush=True)
@@ -59,4 +61,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

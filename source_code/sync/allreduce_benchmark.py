@@ -29,7 +29,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from source_code.cli import Parser, positive_int
 from source_code.distributed import context, ranks_from_env, run_main, session
+from source_code.errors import LaunchError
 from source_code.sync.parameter_server import ps_all_reduce
 from source_code.sync.ring_allreduce import library_all_reduce, naive_ring_all_reduce, ring_all_reduce
 
@@ -194,25 +196,25 @@ def default_sizes(min_size: int, max_size: int) -> list[int]:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world-size", type=int, default=4, help="processes to start (ignored under torchrun/srun)")
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--world-size", type=positive_int, default=4, help="processes to start (ignored under torchrun/srun)")
     p.add_argument("--min-size", type=parse_size, default=parse_size("4KiB"))
     p.add_argument("--max-size", type=parse_size, default=parse_size("64MiB"), help="sizes go x4 up to this")
     p.add_argument("--ratio-size", type=parse_size, default=parse_size("64MiB"),
                    help="size of the ring_vs_library_busbw_ratio line (always measured)")
     p.add_argument("--budget", type=parse_size, default=parse_size("256MiB"),
                    help="bytes per size and implementation: sets the repetitions (3 to 20)")
-    p.add_argument("--ratio-reps", type=int, default=12,
+    p.add_argument("--ratio-reps", type=positive_int, default=12,
                    help="alternating ring/library pairs at --ratio-size for the ratio line")
     p.add_argument("--plot", default="", help="save measured vs model to this PNG")
     p.add_argument("--json", default="", help="write the summary to this file")
     args = p.parse_args(argv)
     if args.min_size < 4 or args.min_size > args.max_size:
-        raise SystemExit(f"error: --min-size {args.min_size} must be >= 4 bytes and <= --max-size")
+        raise LaunchError(f"error: --min-size {args.min_size} must be >= 4 bytes and <= --max-size")
     sizes = default_sizes(args.min_size, args.max_size)
     if ranks_from_env() is None:  # plain python: start our own processes
         if args.world_size < 2:
-            raise SystemExit("error: --world-size must be at least 2")
+            raise LaunchError("error: --world-size must be at least 2")
         summary = run(args.world_size, sizes, args.ratio_size, args.budget, args.ratio_reps)
     else:                          # under torchrun / srun: we are one of the ranks
         torch.set_num_threads(1)

@@ -24,6 +24,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from source_code.cli import Parser, positive_float, positive_int
 from source_code import data
 from source_code.distributed import context, print0, run_main, session
 from source_code.training import loop
@@ -166,10 +167,10 @@ def ps_vs_ddp(steps: int = 20, batch_size: int = 64, lr: float = 0.05, momentum:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=64, help="global batch, divided among the workers")
-    p.add_argument("--lr", type=float, default=0.05)
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=positive_int, default=20)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="global batch, divided among the workers")
+    p.add_argument("--lr", type=positive_float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)

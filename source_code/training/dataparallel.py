@@ -80,10 +80,17 @@ def median_step_seconds(forward, model, x, y, repeats: int = 20) -> float:
     times = []
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
+        _synchronize(x.device)  # GPU work is asynchronous: time it only once it has finished
         start = time.perf_counter()
         F.cross_entropy(forward(x), y).backward()
+        _synchronize(x.device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # every GPU: DataParallel's replicas run on all of them
 
 
 def train(device, args) -> dict:
