@@ -1,0 +1,115 @@
+"""Running a pipeline schedule for real: one stage per process, messages between neighbours.
+
+``run_step`` executes one stage's ordered operations (from ``simulator.stage_order``: naive,
+GPipe or 1F1B, or any order a learner writes) for one training step:
+
+* F(i): take microbatch i's input (stage 0: the tokens; others: the activation received from
+  the previous stage), run the stage, keep input and output for the backward, send the output
+  on (the last stage computes the loss instead);
+* B(i): backpropagate microbatch i from the gradient received from the next stage (the last
+  stage: from its loss), send the gradient of the stage's input back;
+* gradients of the m microbatches add up in ``.grad`` (call zero_grad before, step after).
+
+Each operation's start and end are taken with ``time.perf_counter()``: on one machine every
+process reads the same monotonic clock, so the records of all stages share one time axis
+(across nodes they would not). Only computation is timed: waiting for a message is idle.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class SavedBytes:
+    """Bytes of the tensors a forward keeps for its backward (parameters excluded).
+
+    Counted with autograd's saved-tensor hooks, plus the stage's input and output that the
+    schedule itself keeps; each storage is counted once."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.seen: dict[int, int] = {}
+
+    def _add(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        if st.data_ptr() not in self.params:
+            self.seen[st.data_ptr()] = st.nbytes()
+
+    def hooks(self):
+        def pack(t):
+            self._add(t)
+            return t
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def take(self, *kept) -> int:
+        for t in kept:
+            if t.is_floating_point():
+                self._add(t)
+        total, self.seen = sum(self.seen.values()), {}
+        return total
+
+
+def _needs(op, first: bool, last: bool, shape, dtype):
+    """What operation ``op`` must receive before it can run: (shape, dtype, from where) or None."""
+    kind, _ = op
+    if kind == "F" and not first:
+        return shape, dtype, "prev"     # the activation of the previous stage
+    if kind == "B" and not last:
+        return shape, dtype, "next"     # the gradient of the next stage
+    return None
+
+
+def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=None,
+             dtype=torch.float32, count_bytes: bool = False) -> dict:
+    """Run ``order`` (a list of ("F" | "B", microbatch)) on this stage; return what happened.
+
+    inputs: stage 0's microbatches (e.g. (b, t) token ids each); targets and loss_fn: the last
+    stage's; act_shape: the shape of one microbatch's activation, e.g. (b, t, dim), which is
+    also the shape of the gradient travelling back. Returns records (one per operation: kind,
+    mb, start, end), losses (last stage), peak_in_flight and peak_bytes of stored activations.
+    """
+    first, last = link.stage == 0, link.stage == link.n_stages - 1
+    cuda = torch.device(link.device).type == "cuda"
+    stash, sizes = {}, {}       # mb -> (input, output) kept for the backward; mb -> their bytes
+    counter = SavedBytes(stage) if count_bytes else None
+    records, losses, peak_in_flight, peak_bytes = [], [], 0, 0
+
+    inbox = link.exchange(recv=_needs(order[0], first, last, act_shape, dtype))
+    for k, (kind, i) in enumerate(order):
+        start = time.perf_counter()
+        if kind == "F":
+            x = inputs[i] if first else inbox.requires_grad_()      # (b, t) ids | (b, t, dim)
+            with counter.hooks() if counter else _nothing():
+                y = stage(x)                                         # (b, t, dim) | last: (b, t, vocab)
+                if last:
+                    y = loss_fn(y, targets[i])                       # () scalar
+                    losses.append(y.detach())
+            stash[i] = (x, y)
+            sizes[i] = counter.take(x, y) if counter else 0
+            send = None if last else (y.detach(), "next")            # activation (b, t, dim)
+        else:
+            x, y = stash.pop(i)
+            sizes.pop(i)
+            torch.autograd.backward(y, None if last else inbox)      # inbox: dL/dy (b, t, dim)
+            send = None if first else (x.grad, "prev")               # dL/dx (b, t, dim)
+        if cuda:
+            torch.cuda.synchronize(link.device)
+        records.append({"stage": link.stage, "kind": kind, "mb": i, "start": start,
+                        "end": time.perf_counter()})
+        peak_in_flight = max(peak_in_flight, len(stash))
+        peak_bytes = max(peak_bytes, sum(sizes.values()))
+        # the message this operation produced goes out together with the one the next needs
+        nxt = _needs(order[k + 1], first, last, act_shape, dtype) if k + 1 < len(order) else None
+        inbox = link.exchange(send=send, recv=nxt)
+    link.flush()
+    return {"records": records, "losses": [float(v) for v in losses],
+            "peak_in_flight": peak_in_flight, "peak_bytes": peak_bytes}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
