@@ -1,0 +1,136 @@
+"""Bytes per rank of parameters, gradients, optimizer state and activations, per strategy.
+
+    python -m source_code.planner.memory                                  # the default TransformerLM
+    python -m source_code.planner.memory --params 1.3e9 --world-size 8   # any model size
+
+The arithmetic of data parallelism with sharding (Rajbhandari et al., "ZeRO", 2020), for a
+model of P parameters trained in fp32 with Adam/AdamW on N ranks:
+
+    strategy   parameters   gradients   optimizer state (exp_avg + exp_avg_sq)
+    ddp        P            P           2P
+    zero1      P            P           2P / N
+    zero2      P            P / N       2P / N
+    fsdp       P / N        P / N       2P / N        (ZeRO-3; reshard on or off)
+
+times 4 bytes each. "Per rank" means what a rank keeps between steps (after optimizer.step(),
+before zero_grad()); the peak during a step adds transient buffers (FSDP's all-gathered block,
+a gradient being reduce-scattered) and the activations.
+
+Sharding is per tensor, as in FSDP2 and in ZeRO by hand (source_code/sharding/zero.py): each
+tensor of n elements is cut into N chunks of ceil(n / N), so rank 0 holds the largest shard;
+``state_bytes`` takes the list of tensor sizes to predict that exactly. AdamW also keeps one
+float32 ``step`` counter per parameter tensor on every rank (4 bytes each, not sharded).
+
+Activations (``activation_bytes``) are the tensors autograd saves for backward, counted term by
+term for source_code.models.TransformerLM with torch's CPU flash-attention kernel (which saves
+the log-sum-exp per head and position, not the t x t attention matrix).
+"""
+from __future__ import annotations
+
+import argparse
+
+STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
+# which of the three states each strategy shards across the N ranks
+SHARDED = {"ddp": set(), "zero1": {"optimizer"}, "zero2": {"optimizer", "grads"},
+           "fsdp": {"optimizer", "grads", "params"}}
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements of the largest (rank 0's) chunk when ``numel`` is cut into world_size chunks."""
+    return -(-numel // world_size)
+
+
+def state_bytes(numels, world_size: int, strategy: str, bytes_per_value: int = 4,
+                adam_states: int = 2, step_bytes: int = 4) -> dict:
+    """Predicted bytes that rank 0 keeps for parameters, gradients and optimizer state.
+
+    ``numels``: one int (P, treated as a single tensor) or the sizes of the parameter tensors.
+    Returns {"params", "grads", "optimizer", "total"} in bytes.
+    """
+    if strategy not in SHARDED:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    numels = [int(numels)] if isinstance(numels, (int, float)) else [int(n) for n in numels]
+    full = sum(numels)
+    shard = sum(shard_numel(n, world_size) for n in numels)
+
+    def held(what):
+        return shard if what in SHARDED[strategy] else full
+
+    out = {"params": held("params") * bytes_per_value,
+           "grads": held("grads") * bytes_per_value,
+           "optimizer": adam_states * held("optimizer") * bytes_per_value
+           + step_bytes * len(numels)}
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def activation_bytes(batch: int, seq_len: int, dim: int, n_layers: int, n_heads: int,
+                     vocab: int, bytes_per_value: int = 4) -> int:
+    """Bytes autograd saves for backward in one TransformerLM forward + cross-entropy.
+
+    Per token and block: the block input, LayerNorm output and its 2 statistics (twice), q, k,
+    v, the attention output, one log-sum-exp per head, the MLP's up projection and its GELU
+    (4 x dim each): 16 dim + heads + 4 values. Per token after the blocks: the final norm's
+    input, output and statistics (2 dim + 2), the log-softmax over the vocabulary, and the int64
+    input and target ids (2 values each). Plus the int64 positions (8 bytes each) and the loss.
+    """
+    tokens = batch * seq_len
+    per_token = n_layers * (16 * dim + n_heads + 4) + 2 * dim + 2 + vocab + 4
+    return bytes_per_value * tokens * per_token + 8 * seq_len + bytes_per_value
+
+
+def communication_bytes(n_params: int, world_size: int, strategy: str,
+                        reshard_after_forward: bool = True, bytes_per_value: int = 4) -> float:
+    """Bytes each rank sends per training step, with ring/bandwidth-optimal collectives.
+
+    all-reduce of S bytes: 2(N-1)/N S; all-gather or reduce-scatter of S bytes (the full
+    tensor): (N-1)/N S. DDP: one all-reduce of the gradients. ZeRO-1 (as written here): all-reduce
+    of the gradients + all-gather of the updated parameters. ZeRO-2: reduce-scatter + all-gather.
+    FSDP: all-gather in forward, again in backward (unless reshard_after_forward=False kept the
+    parameters), reduce-scatter of the gradients.
+    """
+    n = world_size
+    s = n_params * bytes_per_value
+    unit = (n - 1) / n * s
+    if strategy == "ddp":
+        return 2 * unit
+    if strategy == "zero1":
+        return 3 * unit
+    if strategy == "zero2":
+        return 2 * unit
+    if strategy == "fsdp":
+        return (3 if reshard_after_forward else 2) * unit
+    raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+def table(n_params: int, world_sizes=(1, 2, 4, 8)) -> list[str]:
+    """Predicted per-rank state for every strategy and world size, as text lines."""
+    lines = [f"P = {n_params:,d} parameters, fp32 + AdamW; per-rank state in MiB "
+             "(params + grads + optimizer = total)"]
+    for n in world_sizes:
+        for s in STRATEGIES:
+            b = state_bytes(n_params, n, s, step_bytes=0)
+            lines.append(f"N={n:<3d} {s:6s} " + " + ".join(
+                f"{b[k] / 2**20:9.2f}" for k in ("params", "grads", "optimizer"))
+                + f" = {b['total'] / 2**20:9.2f}")
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--params", type=float, default=0,
+                   help="number of parameters (0: the default TransformerLM)")
+    p.add_argument("--world-size", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = p.parse_args(argv)
+    if any(n < 1 for n in args.world_size):
+        p.error("--world-size values must be >= 1")
+    n_params = int(args.params)
+    if n_params <= 0:
+        from source_code.models import TransformerLM, count_parameters
+        n_params = count_parameters(TransformerLM())
+    print("\n".join(table(n_params, args.world_size)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

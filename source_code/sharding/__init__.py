@@ -1,0 +1,24 @@
+"""Sharding: ZeRO built by hand, FSDP2, sharded checkpoints with DCP, memory per rank.
+
+Lessons (the algorithms):
+* comm.py           -- chunk bookkeeping and the collectives (all-reduce, reduce-scatter, all-gather)
+* zero.py           -- ZeRO stage 1 and 2 by hand (ZeroAdamW)
+* fsdp.py           -- FSDP2 fully_shard per block, meta-device initialisation
+* checkpointing.py  -- DCP save/load with an atomic switch, full state dicts for export
+Shared pieces:
+* workload.py       -- TransformerLM config, shard-independent initial weights, global batches
+* measure.py        -- bytes of local tensors, collectives counted, peak process memory
+Scripts and harnesses:
+* train.py          -- FSDP2 training with DCP checkpoints, resumable on any number of ranks
+* parity.py         -- ZeRO-1/2, ZeroRedundancyOptimizer, FSDP2 vs one process
+* memory_report.py  -- the memory and communication tables for 1, 2, 4 ranks; fsdp_state_bytes_ratio
+* fsdp_demo.py      -- all-gathers per step (reshard on/off), meta init, bf16, HSDP on a 2x2 mesh
+* dcp_demo.py       -- load a checkpoint on another number of ranks, compare with the full state
+* exercises.py      -- the check function of notebook 08's exercise
+* figures.py        -- the figures of notebook 08
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.sharding.train
+    torchrun --standalone --nproc-per-node=2 -m source_code.sharding.parity
+    python -m source_code.sharding.memory_report
+    torchrun --standalone --nproc-per-node=4 -m source_code.sharding.fsdp_demo
+"""

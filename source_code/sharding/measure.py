@@ -1,0 +1,144 @@
+"""Counting what sharding saves: tensor bytes per rank, bytes on the wire, peak process memory.
+
+* ``tensor_bytes(tensors)``: bytes of the distinct storages behind ``tensors`` (a view of a
+  parameter is not counted twice; a DTensor counts its local shard only);
+* ``state_bytes(model, optimizer)``: parameters, gradients and optimizer state held by this rank;
+* ``CommCounter``: a dispatch mode that sees every c10d collective issued on this thread (ours,
+  DDP's reducer, FSDP2's) and adds up its payload and the bytes a ring/bandwidth-optimal
+  algorithm sends per rank for it;
+* ``PeakRSS``: peak resident memory of this process over a block of code (Linux /proc), reset
+  at the start; meaningful with MALLOC_MMAP_THRESHOLD_=65536 so freed memory goes back to the OS.
+  On a GPU, ``peak_device_bytes`` uses torch.cuda.max_memory_allocated instead.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:  # public from torch 2.5 on
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - older torch
+    from torch.distributed._tensor import DTensor
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def tensor_bytes(tensors, exclude=()) -> int:
+    """Bytes of the distinct storages of ``tensors`` (None skipped), minus those in ``exclude``."""
+    seen = {local(t).untyped_storage().data_ptr() for t in exclude if t is not None}
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = local(t).untyped_storage()
+        if s.data_ptr() not in seen and s.nbytes():
+            seen.add(s.data_ptr())
+            total += s.nbytes()
+    return total
+
+
+def optimizer_tensors(optimizer) -> list:
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer wraps a local optimizer
+    inner = getattr(inner, "inner", inner)          # ZeroAdamW (zero.py) too
+    return [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
+def state_bytes(model, optimizer, extra_params=(), extra_grads=()) -> dict:
+    """Bytes this rank holds now: parameters, gradients, optimizer state (storages counted once)."""
+    # ZeroAdamW's shards are views of the parameters (no new bytes) whose .grad is this rank's
+    # gradient chunk
+    params = list(model.parameters()) + list(getattr(optimizer, "shards", [])) + list(extra_params)
+    p = tensor_bytes(params)
+    g = tensor_bytes([q.grad for q in params] + list(extra_grads))
+    o = tensor_bytes(optimizer_tensors(optimizer))
+    return {"params": p, "grads": g, "optimizer": o, "total": p + g + o}
+
+
+# --------------------------------------------------------------------------- communication
+# c10d op -> (kind, which argument holds the full data, factor of (N-1)/N x bytes per rank)
+_COLLECTIVES = {
+    "allreduce_": ("all_reduce", 0, 2),
+    "broadcast_": ("broadcast", 0, 1),
+    "_allgather_base_": ("all_gather", 0, 1),          # (output N x chunk, input chunk)
+    "allgather_": ("all_gather", 0, 1),
+    "allgather_into_tensor_coalesced_": ("all_gather", 0, 1),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 1),  # (output chunk, input N x chunk)
+    "reduce_scatter_": ("reduce_scatter", 1, 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 1),
+}
+
+
+def _tensors(x):
+    if torch.is_tensor(x):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+
+
+class CommCounter(TorchDispatchMode):
+    """``with CommCounter(world_size) as c: ...``: c.calls, c.payload, c.wire (bytes per rank).
+
+    payload[kind]: bytes of the full data of each collective (the all-reduced buffer, the
+    gathered output, the reduce-scattered input); wire: what each rank sends for it with a
+    bandwidth-optimal algorithm, 2(N-1)/N x payload for all-reduce, (N-1)/N x payload otherwise.
+    ``ops`` keeps (kind, payload bytes) in issue order.
+    """
+
+    def __init__(self, world_size: int):
+        super().__init__()
+        self.n = world_size
+        self.calls, self.payload = Counter(), Counter()
+        self.wire = 0.0
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name().split("::")[-1].split(".")[0]
+        if func.namespace == "c10d" and name in _COLLECTIVES:
+            kind, arg, factor = _COLLECTIVES[name]
+            full = sum(t.numel() * t.element_size() for t in _tensors(args[arg]))
+            self.calls[kind] += 1
+            self.payload[kind] += full
+            self.wire += factor * (self.n - 1) / self.n * full
+            self.ops.append((kind, full))
+        return func(*args, **(kwargs or {}))
+
+
+# --------------------------------------------------------------------------- process memory
+def rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory (VmRSS) or its peak since the last reset (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRSS:
+    """``with PeakRSS() as m: ...``; m.peak_delta = peak resident bytes above the start.
+
+    Writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM) to the
+    current RSS, so the peak belongs to this block only.
+    """
+
+    def __enter__(self):
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self.start = rss_bytes()
+        self.start_cuda = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        return self
+
+    def __exit__(self, *exc):
+        self.peak_delta = max(rss_bytes("VmHWM") - self.start, 0)
+        self.cuda_peak_delta = (torch.cuda.max_memory_allocated() - self.start_cuda
+                                if torch.cuda.is_available() else 0)
+        return False
