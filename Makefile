@@ -6,7 +6,7 @@ NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
 
-.PHONY: run test lab venv clean-venv gpu-smoke
+.PHONY: run test lab venv clean-venv gpu-smoke figures
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: venv
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)
 gpu-smoke: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
 	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.gpu_smoke $(ARGS)
+
+## re-execute every notebook and export its figures to images/ (the tests never write there)
+figures: venv
+	cd notebooks && for nb in [0-9]*.ipynb; do WORKSHOP_EXPORT_FIGURES=1 PATH=$(CURDIR)/$(BIN):$$PATH \
+		../$(BIN)/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
 
 ## JupyterLab on the notebooks
 lab: venv

@@ -174,7 +174,7 @@ def test_a_failing_rank_does_not_leave_the_others_in_a_barrier():
 
 def test_no_file_but_the_policy_derives_a_device_from_the_rank(root):
     import re
-    owners = {"distributed.py", "device_policy.py", "processes.py"}
+    owners = {"distributed.py", "device_policy.py", "processes.py", "errors.py"}
     pattern = re.compile(r"environ(\.get)?[\[(]\s*[\"'](LOCAL_)?RANK[\"']|torch\.device\(\s*[\"']cuda[\"']\s*,|"
                          r"pick_device\(\s*(int\(|rank|local_rank|dist\.)")
     offenders = [f"{p.relative_to(root)}:{n}" for p in (root / "source_code").rglob("*.py")

@@ -4,18 +4,16 @@
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 from source_code.basics.pingpong import crossover_bytes, model_time
+from source_code.figures import export
 
 
 def _save(fig, path):
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+    export(fig, path)  # images/ only when exporting on purpose (source_code/figures.py)
     return fig
 
 

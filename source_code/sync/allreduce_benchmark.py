@@ -174,7 +174,7 @@ def plot(summary: dict, path=None):
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    if path:
+    if path:  # --plot PATH asks for the file
         fig.savefig(path, dpi=110)
     return fig
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from source_code.figures import export
+
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -184,8 +186,7 @@ def draw_ring(sim: Simulation, path=None):
     fig.suptitle(f"ring all-reduce, N={n}: reduce-scatter then all-gather "
                  "(letters = whose gradients are summed in the chunk)", fontsize=9)
     fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=110)
+    export(fig, path)  # images/ only when exporting on purpose (source_code/figures.py)
     return fig
 
 
@@ -216,8 +217,7 @@ def draw_parameter_server(sim: Simulation, path=None):
         ax.axis("off")
     fig.suptitle(f"parameter server, N={n} workers: every byte goes through one link", fontsize=9)
     fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=110)
+    export(fig, path)  # images/ only when exporting on purpose (source_code/figures.py)
     return fig
 
 
@@ -250,8 +250,7 @@ def plot_traffic(rows, nbytes: int, path=None):
         ax.grid(alpha=0.3)
     axes[1].legend()
     fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=110)
+    export(fig, path)  # images/ only when exporting on purpose (source_code/figures.py)
     return fig
 
 
