@@ -109,19 +109,14 @@ def send_and_add(links: RingLinks, send: torch.Tensor, target: torch.Tensor, inc
     The sender and the receiver of a message both know that length (it is the same chunk on both
     sides), so they cut it into the same segments. Our send and our receive are different chunks,
     whose lengths may differ by one element, and so by one segment: batch i carries segment i of
-    each message that has one. Batch i+1 is posted before segment i is added, so the addition
-    overlaps the next transfer."""
+    each message that has one. All batches are posted at once, then finished in order: adding
+    segment i overlaps the transfer of the segments after it."""
     sends = send.split(per_segment)          # segments of [<= per_segment]
     receives = incoming.split(per_segment)   # segments of [<= per_segment]
     targets = target.split(per_segment)      # the same cut as receives
-    batches = list(zip_longest(sends, receives))  # [(send segment or None, receive segment or None)]
-
-    in_flight = links.start(*batches[0])
-    for i in range(len(batches)):
-        current = in_flight
-        if i + 1 < len(batches):
-            in_flight = links.start(*batches[i + 1])  # post segment i+1 ...
-        wait_all(current)                             # ... then finish segment i (all its Works)
+    batches = [links.start(out, into) for out, into in zip_longest(sends, receives)]  # None past the shorter
+    for i, works in enumerate(batches):
+        wait_all(works)                      # every Work of batch i: segment i has arrived
         if i < len(receives):
             targets[i].add_(receives[i])
 
@@ -194,8 +189,8 @@ def compare_with_library(sizes=(1, 5, 1001, 4099), ops=OPS, seed: int = 0) -> di
     divisible by the world size."""
     from source_code.sync.parameter_server import ps_all_reduce
     rank, world = dist.get_rank(), dist.get_world_size()
-    from source_code.distributed import pick_device
-    device = pick_device(rank)[0]
+    from source_code.distributed import context
+    device = context().device  # the device policy's choice for this process
     impls = {"ring": ring_all_reduce, "ring_small_segments": partial(ring_all_reduce, segment_bytes=64),
              "naive_ring": naive_ring_all_reduce, "parameter_server": ps_all_reduce}
     out = {}
