@@ -33,9 +33,13 @@ figures: venv
 	cd notebooks && for nb in [0-9]*.ipynb; do WORKSHOP_EXPORT_FIGURES=1 PATH=$(CURDIR)/$(BIN):$$PATH \
 		../$(BIN)/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
 
-## JupyterLab on the notebooks
+## JupyterLab on the notebooks: prints the URL to open (LAB_PORT=8888 by default)
 lab: venv
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/jupyter lab notebooks/
+	@token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))"); \
+	echo "JupyterLab: open http://127.0.0.1:$(or $(LAB_PORT),8888)/lab?token=$$token"; \
+	PATH=$(CURDIR)/$(BIN):$$PATH exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 \
+		--port=$(or $(LAB_PORT),8888) --ServerApp.port_retries=0 --IdentityProvider.token=$$token \
+		--ServerApp.root_dir=$(CURDIR)/notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 clean-venv:
 	rm -rf $(VENV)
