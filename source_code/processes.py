@@ -10,7 +10,8 @@
 
 Both take the device explicitly: ``device="auto"`` follows the device policy
 (source_code/device_policy.py: one GPU per process, else the CPU), ``device="cpu"`` keeps a
-demo about an algorithm on CPU + gloo on every machine.
+demo about an algorithm on CPU + gloo on every machine; ``None`` (the default) leaves the
+choice to the environment (WORKSHOP_DEVICE, else "auto").
 
     python -m source_code.processes      # a 3-rank smoke test of both
 """
@@ -29,18 +30,18 @@ class ProcessesFailed(RuntimeError):
     pass
 
 
-DEVICES = ("auto", "cpu")
+DEVICES = (None, "auto", "cpu")
 
 
-def _device_env(device: str) -> dict:
+def _device_env(device: str | None) -> dict:
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    return {"WORKSHOP_DEVICE": device}
+    return {"WORKSHOP_DEVICE": device} if device else {}
 
 
 def torchrun(module: str, *args, nproc: int = 2, env: dict | None = None, timeout: float = 600,
              check: bool = True, extra: list[str] | None = None,
-             device: str = "auto") -> subprocess.CompletedProcess:
+             device: str | None = None) -> subprocess.CompletedProcess:
     """Run ``torchrun --standalone --nproc-per-node=nproc -m module args``; return the result.
 
     stdout and stderr are merged into ``result.stdout``; with ``check`` a non-zero exit raises
@@ -82,7 +83,7 @@ def _worker(rank, world_size, port, device, fn, args, queue):
         cleanup(barrier=not failed)  # a failed rank must not wait for the others in a barrier
 
 
-def spawn(fn, world_size: int, *args, timeout: float = 300, device: str = "auto") -> list:
+def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None = None) -> list:
     """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results."""
     from source_code.distributed import free_port
     # as torchrun does: one OpenMP thread per process, inherited by the children (with the
