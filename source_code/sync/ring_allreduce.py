@@ -188,7 +188,7 @@ def compare_with_library(sizes=(1, 5, 1001, 4099), ops=OPS, seed: int = 0) -> di
     Each rank draws different data (seed + rank). Sizes include ones smaller than and not
     divisible by the world size."""
     from source_code.sync.parameter_server import ps_all_reduce
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     from source_code.distributed import context
     device = context().device  # the device policy's choice for this process
     impls = {"ring": ring_all_reduce, "ring_small_segments": partial(ring_all_reduce, segment_bytes=64),
