@@ -76,6 +76,11 @@ def measure_rank(cfg: dict, batch_size: int, strategies=STRATEGIES) -> list[dict
     probe = torch.zeros(ctx.world_size, device=ctx.device)
     dist.all_reduce(probe)
     dist.all_gather_into_tensor(probe, probe[ctx.rank:ctx.rank + 1].clone())
+    tiny = workload.model_config(dim=16, n_layers=1)
+    for s in ("ddp", "fsdp"):  # one-time costs of the first model, step and DDP/FSDP setup
+        model, opt = _build(s, tiny, ctx)
+        _step(model, opt, x, y)
+        del model, opt
     rows = []
     for s in strategies:
         gc.collect()  # the previous strategy's tensors are gone before the baseline is taken
