@@ -1,30 +1,10 @@
-"""Figures of notebook 08, drawn from real runs.
-
-``save_figure(fig, name)`` exports to images/NAME.png only when WORKSHOP_EXPORT_FIGURES=1, so
-running the notebook in the tests never rewrites tracked files:
-
-    WORKSHOP_EXPORT_FIGURES=1 jupyter nbconvert --to notebook --execute --inplace notebooks/08_sharding.ipynb
-"""
+"""Figures of notebook 08, drawn from real runs (exported with source_code.figures.export)."""
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-IMAGES = Path(__file__).resolve().parents[2] / "images"
 COLORS = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green"}
-
-
-def save_figure(fig, name: str) -> Path | None:
-    """Write images/<name>.png when WORKSHOP_EXPORT_FIGURES=1; return the path written or None."""
-    if os.environ.get("WORKSHOP_EXPORT_FIGURES") != "1":
-        return None
-    IMAGES.mkdir(exist_ok=True)
-    path = IMAGES / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
 
 
 def memory_figure(rows: list[dict]):
