@@ -54,7 +54,8 @@ def test_parameter_server_round():
     assert [s.phase for s in sim.steps] == ["start", "push", "aggregate", "update", "pull"]
 
 
-def test_drawings_have_one_panel_per_step(tmp_path):
+def test_drawings_have_one_panel_per_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_EXPORT_FIGURES", "1")  # files are written only when exporting
     import matplotlib
     matplotlib.use("Agg")
     for n in (3, 4):
