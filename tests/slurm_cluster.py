@@ -98,6 +98,9 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job starts again only once its credential has expired (default 120 s): 15 s keeps
+# the requeue test short and still leaves steps time to launch on a busy 2-core machine
+AuthInfo=cred_expire=15
 SlurmctldPort=6817
 StateSaveLocation={base}/state/ctld
 SlurmdSpoolDir={base}/state/slurmd-%n

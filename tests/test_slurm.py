@@ -98,7 +98,26 @@ def test_multinode_rendezvous_spans_both_nodes_with_calculator_header(submit):
     found = ranks(job.output)
     assert [r for r, *_ in found] == [0, 1, 2, 3] and {w for _, w, *_ in found} == {4}
     assert sorted(n for *_, n, _ in found) == ["n1", "n1", "n2", "n2"]
-    assert f"rendezvous c10d at n1:{20000 + int(job.id) % 20000} id {job.id}, 2 nodes" in job.output
+    assert f"rendezvous c10d at n1:{20000 + int(job.id) % 10000} id {job.id}, 2 nodes" in job.output
+    assert "launch: srun --kill-on-bad-exit=1 --ntasks-per-node=1 " in job.output
+    assert_in_sync(job.output, world=4, nodes=2)
+
+
+def test_multinode_inside_a_container_with_the_host_told_explicitly(submit, tmp_path):
+    # no container runtime installs here: a stand-in with apptainer's command line
+    # (exec [--bind DIR] IMAGE COMMAND...) that runs COMMAND as it is
+    runtime = tmp_path / "fake-apptainer"
+    runtime.write_text('#!/bin/bash\n[ "$1" = exec ] || exit 9; shift\n'
+                       'while [ "$1" = --bind ]; do shift 2; done\nshift\nexec "$@"\n')
+    runtime.chmod(0o755)
+    image = tmp_path / "pytorch.sif"
+    image.write_text("")
+    env = {**SYNC, "WORKSHOP_CONTAINER": str(image), "CONTAINER_RUNTIME": str(runtime), "RDZV_IS_HOST": "yes"}
+    job = submit("ddp_multinode.slurm", env=env, sbatch_args=site_profiles.args("local", 4))
+    assert job.ok, job.output
+    assert f"{runtime} exec --bind {ROOT} {image} torchrun" in job.output
+    assert "--rdzv-conf=is_host=@IS_HOST@" in job.output  # per_node.sh: 1 on n1, 0 on n2
+    assert sorted(n for *_, n, _ in ranks(job.output)) == ["n1", "n1", "n2", "n2"]
     assert_in_sync(job.output, world=4, nodes=2)
 
 
@@ -139,3 +158,23 @@ def test_fault_tolerant_main_job_restarts_and_resumes(submit, tmp_path):
     assert f"resumed from {ckpt} after epoch 1" in job.output
     summary = parse_summary(job.output[job.output.index("summary:"):])
     assert (summary["world_size"], summary["epochs"]) == (2, 2)
+
+
+def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(submit, tmp_path):
+    # 2-minute limit, USR1 60 s before it: an early USR1 (Slurm's timer; the stale one a requeued
+    # run gets at its start) arms a timer for 60 s before the limit; the trap waits for the epoch
+    # in progress to be saved, then requeues: same id, same log (--open-mode=append). Every run
+    # trains for about a minute minus its start-up; 1800 epochs take 60-180 s here (2-4 runs).
+    ckpt, epochs = tmp_path / "snap.pt", 1800
+    job = submit("ddp_fault_tolerant.slurm", "--epochs", str(epochs), "--max-steps", "1",
+                 env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "20",
+                      "REQUEUE_LEAD": "60"},
+                 sbatch_args=["--time=2", "--signal=B:USR1@60"], timeout=1200)
+    assert job.ok, job.output
+    assert job.restarts >= 1 and "run 2 of job" in job.output
+    assert re.search(r"time limit near: stopping the training after waiting \d+s", job.output)
+    assert f"requeueing job {job.id}; run 2 resumes from {ckpt}" in job.output
+    resumed = [int(e) for e in re.findall(rf"resumed from {re.escape(str(ckpt))} after epoch (\d+)", job.output)]
+    assert resumed and 1 <= min(resumed) < epochs, job.output[-3000:]
+    summary = parse_summary(job.output[job.output.rindex("summary:"):])
+    assert summary["epochs"] == epochs and summary["world_size"] == 2

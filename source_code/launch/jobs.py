@@ -26,6 +26,7 @@ class Job:
     exit_code: str
     output: str
     seconds: float
+    restarts: int = 0  # runs after the first (a requeued job keeps its id)
 
     @property
     def ok(self) -> bool:
@@ -47,11 +48,17 @@ def job_info(job_id: str) -> dict:
 
 def wait(job_id: str, timeout: float = 120) -> dict:
     """Poll every 0.5 s until the job has left the queue; scancel it on timeout."""
-    t0 = time.time()
+    t0, unanswered = time.time(), 0
     while time.time() - t0 < timeout:
         info = job_info(job_id)
-        if info.get("JobState") not in WAITING:
+        if "JobState" not in info:  # scontrol timed out (a busy controller, e.g. during a requeue)
+            unanswered += 1
+            if unanswered > 60:
+                raise RuntimeError(f"scontrol show job {job_id} has not answered for 30 s")
+        elif info["JobState"] not in WAITING:
             return info
+        else:
+            unanswered = 0
         time.sleep(0.5)
     subprocess.run(["scancel", job_id], capture_output=True)
     raise TimeoutError(f"job {job_id} still {job_info(job_id).get('JobState')} after {timeout:.0f} s; cancelled")
@@ -73,7 +80,8 @@ def run_job(script, *args, sbatch_args=(), env=None, cwd=None, timeout: float = 
     info = wait(job_id, timeout)
     out = Path(info.get("StdOut", ""))
     output = out.read_text() if info.get("StdOut") and out.is_file() else ""
-    return Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"), output, time.time() - t0)
+    return Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"), output, time.time() - t0,
+               int(info.get("Restarts", 0) or 0))
 
 
 def main(argv=None):
