@@ -15,6 +15,13 @@ operation produced together with the one the next operation needs, in ONE
 batch on NCCL: we wait on every Work that may cover a receive before using the received data.
 Messages between two stages are matched in the order they are posted (activations in
 microbatch order one way, gradients the other), which the schedules respect.
+
+On CPU (gloo) a message moves on a helper thread of each process; with one core per stage
+that thread gets the core only when the stage stops computing. So on gloo (``early_receives``)
+a stage posts the receive of its NEXT operation before computing the current one
+(``post_receive``, then ``wait``): the message lands while it computes, instead of starting
+only when it asks. NCCL keeps the paired ``exchange``: there a receive posted alone before a
+send to the same peer can block both GPUs' streams.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ class StageLink:
         self.next = self.ranks[stage + 1] if stage < n_stages - 1 else None
         self._pending: list = []        # (Work, tensor): sends not yet known to be complete
         self.messages = 0               # how many tensors this stage sent (for reports)
+        self.early_receives = torch.device(device).type == "cpu"   # see the module docstring
 
     def exchange(self, send=None, recv=None):
         """Post ``send`` = (tensor, "next" | "prev") and the receive ``recv`` = (shape, dtype,
@@ -57,6 +65,19 @@ class StageLink:
             self._pending.extend((w, sent) for w in works)
             works = []
         for w in works:                                    # NCCL: the one Work covers both
+            w.wait()
+        return buf
+
+    def post_receive(self, recv):
+        """Post the receive ``recv`` = (shape, dtype, "next" | "prev") now; ``wait`` returns the tensor."""
+        shape, dtype, where = recv
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        return buf, dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, self._peer(where), self.group)])
+
+    @staticmethod
+    def wait(posted) -> torch.Tensor:
+        buf, works = posted
+        for w in works:
             w.wait()
         return buf
 

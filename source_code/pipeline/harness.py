@@ -75,7 +75,7 @@ def own_step(work: Workload, schedule: str, m: int, stage, link, x, y, count_byt
     """One step of an own schedule on this rank (zero_grad first; gradients left in .grad)."""
     s, p = link.stage, link.n_stages
     order = order or simulator.stage_order(schedule, p, m, s)
-    stage.zero_grad(set_to_none=True)
+    stage.zero_grad(set_to_none=False)  # keep the .grad buffers: no allocation inside a timed step
     dev = link.device
     return run_step(stage, order, link, work.act_shape(),
                     inputs=[_input(work, c.to(dev)) for c in x.chunk(m)] if s == 0 else None,

@@ -16,6 +16,7 @@ process reads the same monotonic clock, so the records of all stages share one t
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -77,10 +78,13 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
 
     inbox = link.exchange(recv=_needs(order[0], first, last, act_shape, dtype))
     for k, (kind, i) in enumerate(order):
+        nxt = _needs(order[k + 1], first, last, act_shape, dtype) if k + 1 < len(order) else None
+        if link.early_receives and nxt is not None:
+            pending = link.post_receive(nxt)       # gloo: the next message can land while we compute
         start = time.perf_counter()
         if kind == "F":
             x = inputs[i] if first else inbox.requires_grad_()      # (b, t) ids | (b, t, dim)
-            with counter.hooks() if counter else _nothing():
+            with counter.hooks() if counter else contextlib.nullcontext():
                 y = stage(x)                                         # (b, t, dim) | last: (b, t, vocab)
                 if last:
                     y = loss_fn(y, targets[i])                       # () scalar
@@ -99,17 +103,12 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
                         "end": time.perf_counter()})
         peak_in_flight = max(peak_in_flight, len(stash))
         peak_bytes = max(peak_bytes, sum(sizes.values()))
-        # the message this operation produced goes out together with the one the next needs
-        nxt = _needs(order[k + 1], first, last, act_shape, dtype) if k + 1 < len(order) else None
-        inbox = link.exchange(send=send, recv=nxt)
+        if link.early_receives:
+            link.exchange(send=send)
+            inbox = link.wait(pending) if nxt is not None else None
+        else:  # NCCL: the message this operation produced goes out together with the one the next needs
+            inbox = link.exchange(send=send, recv=nxt)
     link.flush()
     return {"records": records, "losses": [float(v) for v in losses],
             "peak_in_flight": peak_in_flight, "peak_bytes": peak_bytes}
 
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
