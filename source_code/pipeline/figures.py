@@ -63,8 +63,8 @@ def gantt_figure(panels: dict, unit: float = 1e3, sharex: bool = True, label_ops
     for ax, (title, records) in zip(axes[:, 0], panels.items()):
         gantt(ax, records, title, unit, label_ops)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    axes[0, 0].legend(handles, ["forward", "backward"], loc="upper right", fontsize=8)
     fig.tight_layout()
+    fig.legend(handles, ["forward", "backward"], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return fig
 
 
@@ -85,7 +85,8 @@ def bubble_figure(table: dict, p: int):
                 label=f"{name}, measured (median)")
     ax.set(xscale="log", xlabel="microbatches m", ylabel="bubble = idle / (p x step time)",
            title=f"Pipeline bubble, p = {p} stages (measured vs formula)")
-    ax.set_xticks(grid[[0]].tolist() + [2, 4, 8], ["1", "2", "4", "8"])
+    ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
