@@ -3,32 +3,19 @@
     fig = gantt_figure({"GPipe": records, "1F1B": records2})
     save_figure(fig, "09_gantt.png")      # writes images/09_gantt.png only if WORKSHOP_EXPORT_FIGURES=1
 
-Running the notebook (or its tests) therefore never rewrites the tracked copies in images/;
-export them on purpose with WORKSHOP_EXPORT_FIGURES=1.
+``save_figure`` is the shared ``source_code.figures.export``: running the notebook (or its
+tests) never rewrites the tracked copies in images/; export them with WORKSHOP_EXPORT_FIGURES=1.
 """
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
+from source_code.figures import export as save_figure  # noqa: F401  (images/ only when exporting)
 from source_code.pipeline.formulas import bubble_theory
 
-IMAGES = Path(__file__).resolve().parents[2] / "images"
 COLORS = {"F": "tab:blue", "B": "tab:orange"}
 SCHEDULE_COLORS = {"naive": "tab:gray", "gpipe": "tab:blue", "1f1b": "tab:green"}
-
-
-def save_figure(fig, name: str) -> Path | None:
-    """Save ``fig`` as images/NAME when WORKSHOP_EXPORT_FIGURES=1 is set; otherwise do nothing."""
-    if os.environ.get("WORKSHOP_EXPORT_FIGURES") != "1":
-        return None
-    IMAGES.mkdir(exist_ok=True)
-    path = IMAGES / name
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
 
 
 def _field(op, name):
