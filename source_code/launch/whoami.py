@@ -47,7 +47,12 @@ def spawn_environments(nprocs: int = 2) -> list[dict]:
 
 def parse(text: str) -> list[dict]:
     """The JSON lines of a whoami run (other output, e.g. torchrun's banner, is skipped)."""
-    found = [json.loads(ln[ln.index("{"):]) for ln in text.splitlines() if '{"host"' in ln]
+    decoder, found = json.JSONDecoder(), []
+    start = text.find('{"host"')
+    while start != -1:  # scan the text, not lines: two ranks' lines may share one
+        entry, end = decoder.raw_decode(text, start)
+        found.append(entry)
+        start = text.find('{"host"', end)
     return sorted(found, key=lambda e: (e["ranks_from_env"] or {}).get("rank", e["spawn_index"] or 0))
 
 
@@ -56,7 +61,7 @@ def main(argv=None):
     p.add_argument("--spawn", type=nonnegative_int, default=0, help="start N processes with torch.multiprocessing.spawn")
     a = p.parse_args(argv)
     for env in (spawn_environments(a.spawn) if a.spawn else [environment()]):
-        print(json.dumps(env), flush=True)
+        print(json.dumps(env) + "\n", end="", flush=True)  # one write: lines stay whole
     return 0
 
 
