@@ -26,41 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "slurm"
 
 
-def _unavailable(reason: str):
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"local Slurm cluster could not start in CI: {reason}")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    reason = slurm_cluster.why_not_possible()
-    if reason:
-        _unavailable(reason)
-    try:
-        base = slurm_cluster.start()
-    except (slurm_cluster.ClusterUnavailable, subprocess.CalledProcessError) as err:
-        _unavailable(f"local Slurm cluster did not start: {err}")
-    yield base
-    slurm_cluster.stop(base)
-
-
-@pytest.fixture
-def submit(cluster, tmp_path):
-    """submit(script, *args, env={...}, sbatch_args=[...]) -> Job, output in tmp_path."""
-    def run(script, *args, env=None, sbatch_args=(), timeout=150):
-        full_env = {**os.environ, "WORKSHOP_SITE": "local", **(env or {})}
-        job = slurm_cluster.run_job(SCRIPTS / script, *args, env=full_env, cwd=ROOT,
-                                    sbatch_args=["-o", f"{tmp_path}/%x-%j.out", *sbatch_args],
-                                    timeout=timeout)
-        print(f"job {job.id} {script}: {job.state} in {job.seconds:.1f} s\n{job.output[-3000:]}")
-        return job
-    return run
-
-
-SYNC = {"TRAIN_MODULE": "source_code.launch.sync_check"}
-
-
 def ranks(output: str) -> list[tuple[int, int, str, str]]:
     """(rank, world, node, launcher) of every rank's report; lines of two ranks may be glued."""
     return sorted((int(r), int(w), n, la) for r, w, n, la in
