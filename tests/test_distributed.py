@@ -181,3 +181,17 @@ def test_no_file_but_the_policy_derives_a_device_from_the_rank(root):
                  if p.name not in owners
                  for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("module", ["source_code.sharding.train", "source_code.pipeline.train"])
+@pytest.mark.parametrize("argv,message", [
+    (["--epochs", "0"], "argument --epochs: 0 is not a positive integer"),
+    (["--lr", "-1"], "argument --lr: -1 is not a positive number"),
+    (["--max-steps", "-1"], "argument --max-steps: -1 is not a count >= 0"),
+])
+def test_other_training_scripts_refuse_bad_flags_the_same_way(module, argv, message):
+    import importlib
+    mod = importlib.import_module(module)
+    with pytest.raises(LaunchError) as err:
+        mod.main(argv)
+    assert message in err.value.message and "\n" not in err.value.message

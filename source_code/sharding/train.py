@@ -18,13 +18,13 @@ Every flag is checked before the process group forms. Last line:
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from source_code import data
+from source_code.cli import Parser, nonnegative_int, positive_float, positive_int
 from source_code.distributed import LaunchError, all_reduce_mean, print0, ranks_from_env, run_main, session
 from source_code.sharding import checkpointing, workload
 from source_code.sharding.fsdp import build_sharded
@@ -35,16 +35,16 @@ DATASETS = ("sort", "copy", "wikitext2")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="sort", choices=DATASETS)
     p.add_argument("--data-dir", default=os.environ.get("WORKSHOP_DATA", "data"))
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=8, help="steps per epoch (0: the whole data)")
-    p.add_argument("--batch-size", type=int, default=32, help="GLOBAL batch, divided among the ranks")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--dim", type=positive_int, default=64)
+    p.add_argument("--layers", type=positive_int, default=2)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--epochs", type=positive_int, default=3)
+    p.add_argument("--max-steps", type=nonnegative_int, default=8, help="steps per epoch (0: the whole data)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="GLOBAL batch, divided among the ranks")
+    p.add_argument("--lr", type=positive_float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reshard", action="store_true",
                    help="reshard_after_forward=False (ZeRO-2-like: keep parameters until backward)")
