@@ -1,0 +1,21 @@
+"""Tensor parallelism: each weight matrix split across the ranks, Megatron-style, then DTensor.
+
+Lesson files (notebook 10), in reading order:
+* comm.py      -- the border operators as autograd functions (copy_to_tp / reduce_from_tp and
+                  the sequence-parallel all-gather / reduce-scatter pairs) and the ledger that
+                  counts every collective they issue
+* layers.py    -- ColumnParallelLinear and RowParallelLinear, cut from a dense nn.Linear
+* model.py     -- TransformerLM's attention, MLP, block and whole model, tensor-parallel,
+                  optionally sequence-parallel, built from a dense model's weights
+* dtensor.py   -- the same with torch.distributed.tensor.parallel.parallelize_module
+* train.py     -- training script: --impl own|dtensor [--sequence-parallel]
+
+Harness, measurements, checks:
+* harness.py   -- parity with the dense model, collective counts, saved-activation bytes
+* compare.py   -- own TP vs DTensor TP: collectives and step times in one run
+* figures.py   -- who holds which slice of each weight, collectives per block
+* exercises.py -- notebook 10's exercise: check function and reference solution
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train --impl own
+    torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.compare
+"""
