@@ -121,3 +121,9 @@ def activation_bytes(work: Workload) -> dict:
         return {"rank": rank, "world": world, "dense": saved_bytes(dense, x),
                 "tp": saved_bytes(TPTransformerLM(dense, rank, world, False), x),
                 "sp": saved_bytes(TPTransformerLM(dense, rank, world, True), x)}
+
+
+def report(work: Workload) -> dict:
+    """Run on every rank: parity and ledger of plain TP and of TP + SP, and saved-activation bytes
+    (one spawn for the tests and the notebook)."""
+    return {"tp": parity(work, False), "sp": parity(work, True), "activations": activation_bytes(work)}
