@@ -1,0 +1,130 @@
+"""Lightning, Accelerate and DeepSpeed against the plain DDP script (source_code/frameworks/).
+
+The same model, seed and SGD for 4 epochs on 2 processes: Lightning (DDP and fully_shard
+through ModelParallelStrategy) and DeepSpeed ZeRO-1/2/3 take the plain script's batches, so
+their weights must equal its weights up to rounding; Accelerate shards the data its own way,
+so it must reach the plain script's held-out accuracy within a tolerance. Every launch exits 0.
+"""
+import json
+
+import pytest
+
+from source_code.frameworks import compare
+
+EPOCHS = "4"
+WEIGHT_TOL = 1e-5      # rounding only: sums in another order, 92 SGD steps with momentum
+ACCURACY_TOL = 0.03    # other batches, same number of steps: 0.03 = 11 of 360 held-out digits
+
+
+def launch(name, path, *args):
+    flag = "--checkpoint" if name == "plain DDP" else "--save-weights"
+    res = compare.run(name, "--epochs", EPOCHS, flag, str(path), *args)
+    assert "terminate called" not in res["output"] and "Traceback" not in res["output"]
+    return res
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plain") / "plain.pt"
+    return launch("plain DDP", path), path
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("name, args", [
+    ("Lightning", ["--strategy", "ddp"]),
+    ("Lightning", ["--strategy", "model-parallel"]),
+    ("DeepSpeed", ["--zero-stage", "1"]),
+    ("DeepSpeed", ["--zero-stage", "2"]),
+    ("DeepSpeed", ["--zero-stage", "3"]),
+], ids=["lightning-ddp", "lightning-fully-shard", "zero-1", "zero-2", "zero-3"])
+def test_same_steps_same_weights_as_plain_ddp(plain, tmp_path, name, args):
+    base, base_path = plain
+    res = launch(name, tmp_path / "w.pt", *args)
+    assert res["world_size"] == 2 and res["steps"] == compare.steps_of(base) == 92
+    diff = compare.weights_diff(base_path, tmp_path / "w.pt")
+    print(f"{name} {args}: max |w - w_ddp| = {diff:.2e}, accuracy {res['accuracy']} vs {base['accuracy']}")
+    assert diff <= WEIGHT_TOL
+    assert abs(res["accuracy"] - base["accuracy"]) <= 1 / 360 + 1e-9  # at most one digit flips
+
+
+@pytest.mark.parity
+def test_accelerate_reaches_plain_accuracy(plain, tmp_path):
+    base, _ = plain
+    res = launch("Accelerate", tmp_path / "w.pt")
+    assert res["world_size"] == 2 and res["steps"] == compare.steps_of(base)
+    print(f"Accelerate accuracy {res['accuracy']} vs plain {base['accuracy']}")
+    assert res["accuracy"] >= base["accuracy"] - ACCURACY_TOL
+    assert res["loss"] < 0.5
+
+
+def test_accelerate_trap_fails_in_one_line(torchrun):
+    """N processes started, Accelerate without cpu=True on a CPU machine sees 1: exit 2, one line."""
+    res = torchrun("source_code.frameworks.accelerate_train", "--cpu", "no", nproc=2, check=False,
+                   device="cpu")
+    assert res.returncode != 0
+    errors = [ln for ln in res.stdout.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "2 processes were asked for but Accelerate sees 1" in errors[0]
+    assert "Traceback (most recent call last):\n  File \"/" not in res.stdout.split("torch/distributed")[0]
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("lightning_train", ["--strategy", "fsdp"], "--strategy model-parallel"),
+    ("lightning_train", ["--strategy", "deepspeed"], "invalid choice"),
+    ("accelerate_train", ["--checkpoint", "x.pt"], "--save-weights"),
+    ("accelerate_train", ["--expect-processes", "0"], "positive integer"),
+    ("deepspeed_train", ["--batch-size", "63"], "multiple of 2, e.g. 64"),
+    ("deepspeed_train", ["--zero-stage", "4"], "invalid choice"),
+    ("deepspeed_train", ["--config", "/nonexistent.json"], "not a readable JSON"),
+])
+def test_bad_flags_fail_in_one_line(module, args, message, monkeypatch):
+    import importlib
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("WORKSHOP_DEVICE", "cpu")
+    script = importlib.import_module(f"source_code.frameworks.{module}")
+    with pytest.raises(SystemExit) as exc:
+        script.main(args)
+    assert exc.value.code == 2 and message in str(exc.value)
+
+
+def test_deepspeed_launcher_local_rank_argument_is_accepted(monkeypatch):
+    """The deepspeed launcher appends --local_rank=N: parsing goes on to the next check."""
+    from source_code.frameworks import deepspeed_train
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exc:
+        deepspeed_train.main(["--batch-size", "63", "--local_rank=1"])
+    assert "e.g. 64" in str(exc.value)  # not "unrecognized arguments"
+
+
+def test_deepspeed_config_file_sets_zero_stage():
+    from types import SimpleNamespace
+
+    from source_code.frameworks import deepspeed_train
+    with open(deepspeed_train.CONFIG) as f:
+        raw = json.load(f)
+    assert raw["zero_allow_untested_optimizer"] is True and "optimizer" not in raw
+    for stage in (1, 2, 3):
+        cfg = deepspeed_train.load_config(SimpleNamespace(config=deepspeed_train.CONFIG,
+                                                          zero_stage=stage, batch_size=64))
+        assert cfg["zero_optimization"]["stage"] == stage and cfg["train_batch_size"] == 64
+
+
+def test_accelerate_fsdp2_yaml_parses_into_a_plugin():
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from source_code.frameworks.accelerate_train import FSDP2_CONFIG
+    cfg = load_config_from_file(FSDP2_CONFIG)
+    assert cfg.distributed_type.value == "FSDP" and cfg.fsdp_config["fsdp_version"] == 2
+    assert cfg.use_cpu is False
+    # every key of the file is one the plugin knows (the launcher renames offload_params)
+    rename = {"fsdp_version": "fsdp_version", "fsdp_offload_params": "cpu_offload"}
+    kwargs = {rename.get(k, k.removeprefix("fsdp_")): v for k, v in cfg.fsdp_config.items()}
+    plugin = FullyShardedDataParallelPlugin(**kwargs)
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+
+
+def test_code_lines_skip_comments_blank_lines_and_docstrings():
+    src = '"""doc\nstring"""\nimport os  # comment\n\n# only a comment\ndef f():\n    """doc"""\n    return (1,\n            2)\n'
+    assert compare.code_lines(src) == 4  # import, def, and the two lines of the return
