@@ -1,0 +1,76 @@
+"""Notebook 13's exercise: turn the plain training loop into an Accelerate loop, then check it on
+2 real processes (reference solution: source_code/solutions/nb13_frameworks.py).
+
+    from source_code.frameworks.exercises import check_accelerate_loop
+    check_accelerate_loop(accelerate_loop)   # your function(accelerator, model, optimizer, loader, epochs)
+
+The function's source is written to a file and run under torchrun by exercise_runner.py (a
+function defined in a notebook cell cannot be sent to other processes). What the processes
+report decides: equal weights on both ranks (gradients averaged), half of the batches per rank
+(data sharded), accelerator.backward called, the optimizer prepared, the model learned.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import tempfile
+import textwrap
+
+from source_code import processes
+
+RUNNER = "source_code.frameworks.exercise_runner"
+HEADER = "import torch\nimport torch.nn.functional as F\n\n"
+MIN_ACCURACY = 0.5  # two epochs of the plain script reach ~0.85
+
+
+def run_loops(fns, nproc: int = 2, epochs: int = 2) -> list[dict]:
+    """Run each function on ``nproc`` processes (one launch for all); one report per function."""
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = []
+        for i, fn in enumerate(fns):
+            path = os.path.join(tmp, f"loop_{i}.py")
+            with open(path, "w") as f:
+                f.write(HEADER + textwrap.dedent(inspect.getsource(fn)))
+            specs.append(f"{path}:{fn.__name__}")
+        res = processes.torchrun(RUNNER, "--epochs", epochs, *specs, nproc=nproc, device="cpu")
+    reports = [json.loads(ln.split("exercise: ", 1)[1]) for ln in res.stdout.splitlines()
+               if ln.startswith("exercise: ")]
+    assert len(reports) == len(fns), f"expected {len(fns)} reports:\n{res.stdout[-2000:]}"
+    return reports
+
+
+def judge(r: dict) -> str:
+    """The verdict on one report: a sentence starting with 'correct', or an AssertionError."""
+    if r["todo"]:
+        raise NotImplementedError("exercise not done yet: fill in the TODOs, then run this cell again")
+    assert not r["error"], (f"your function raised {r['error']}. Hint: accelerator.prepare returns "
+                            "the prepared objects in the order you passed them")
+    assert r["models_prepared"] and r["weight_diff"] <= 1e-6, (
+        f"the processes ended with different weights (max diff {r['weight_diff']:.2e}) or the model "
+        "was never prepared: nothing averaged the gradients. Hint: pass the model to "
+        "accelerator.prepare and train the object it returns")
+    assert r["steps"] * r["world_size"] <= r["batches"] + r["world_size"], (
+        f"each process took {r['steps']} steps over {r['epochs']} epochs, as many as the whole "
+        f"loader has batches ({r['batches']}): every process saw all the data. Hint: prepare "
+        "the loader too, so each process gets its share of the batches")
+    assert r["optimizers_prepared"], (
+        "the optimizer was not prepared. Hint: prepare it with the model: with mixed precision, "
+        "FSDP or DeepSpeed the prepared optimizer is the one that steps the wrapped parameters")
+    assert r["backward_calls"] > 0, (
+        "loss.backward() was called, not accelerator.backward(loss). It gives the same numbers "
+        "here, but loss scaling (fp16), gradient accumulation and DeepSpeed need the "
+        "accelerator's backward")
+    assert r["accuracy"] >= MIN_ACCURACY, (
+        f"the model reached only {r['accuracy']:.2f} held-out accuracy. Hint: zero the gradients, "
+        "then forward, backward, step, for every batch")
+    return (f"correct: {r['world_size']} processes with equal weights (max diff "
+            f"{r['weight_diff']:.1e}), {r['steps']} steps each of the {r['batches']} batches per "
+            f"{r['epochs']} epochs, held-out accuracy {r['accuracy']:.3f}")
+
+
+def check_accelerate_loop(fn) -> str:
+    """Run ``fn`` on 2 processes under torchrun and judge it; prints and returns the verdict."""
+    msg = judge(run_loops([fn])[0])
+    print(msg)
+    return msg
