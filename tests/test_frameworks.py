@@ -128,3 +128,16 @@ def test_accelerate_fsdp2_yaml_parses_into_a_plugin():
 def test_code_lines_skip_comments_blank_lines_and_docstrings():
     src = '"""doc\nstring"""\nimport os  # comment\n\n# only a comment\ndef f():\n    """doc"""\n    return (1,\n            2)\n'
     assert compare.code_lines(src) == 4  # import, def, and the two lines of the return
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"FRAMEWORK": "horovod"}, "use lightning, accelerate or deepspeed"),
+    ({"FRAMEWORK": "deepspeed", "LAUNCHER": "srun"}, "LAUNCHER=srun is for Lightning"),
+    ({"FRAMEWORK": "lightning", "LAUNCHER": "mpirun"}, "use torchrun or srun"),
+])
+def test_slurm_script_refuses_unknown_choices_before_anything_starts(root, env, message):
+    import os
+    import subprocess
+    res = subprocess.run(["bash", str(root / "slurm" / "frameworks_train.slurm")], cwd=root,
+                         env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and message in res.stderr

@@ -30,7 +30,7 @@ SCRIPTS = {
     "Accelerate": "source_code.frameworks.accelerate_train",
     "DeepSpeed": "source_code.frameworks.deepspeed_train",
 }
-# what the user no longer writes, and how each one starts on Slurm (slurm/frameworks.slurm)
+# what the user no longer writes, and how each one starts on Slurm (slurm/frameworks_train.slurm)
 DOES_FOR_YOU = {
     "plain DDP": "nothing: process group, sampler, DDP wrap, loop, evaluation by hand",
     "Lightning": "process group, DDP/FSDP wrap, loop, zero_grad/backward/step, devices",
