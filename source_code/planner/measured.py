@@ -1,0 +1,107 @@
+"""What the workshop's CPU runs actually hold and send, counted on real processes.
+
+``measure_all`` (run on 4 ranks by processes.spawn) trains the workshop's TransformerLM one
+AdamW step in each configuration of ``CONFIGS`` and counts, on rank 0:
+
+* the bytes of its local parameters, gradients and optimizer state after the step
+  (sharding.measure.state_bytes: a DTensor counts its local shard);
+* the bytes autograd saved for backward in the forward (parameters excluded);
+* the payload of every collective of forward + backward, by kind (``CollectiveCounter``:
+  c10d's collectives, issued by DDP and FSDP2, and the functional collectives that DTensor's
+  tensor parallelism issues).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from source_code.mesh.tp import apply_fsdp, apply_tp, build_2d
+from source_code.pipeline.stages import lm_loss
+from source_code.planner.spec import Config
+from source_code.sharding import workload
+from source_code.sharding.measure import CommCounter, local, state_bytes, tensor_bytes
+
+# name -> (dp, tp, ZeRO stage) on 4 ranks
+CONFIGS = {"ddp": (4, 1, 0), "fsdp": (4, 1, 3), "tp": (1, 4, 0), "2d": (2, 2, 3)}
+BATCH = 16
+
+# functional collective -> (kind, payload in bytes from the input tensor and the group size)
+_FUNCTIONAL = {
+    "all_reduce": ("all_reduce", lambda b, n: b),
+    "all_gather_into_tensor": ("all_gather", lambda b, n: b * n),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda b, n: b),
+}
+
+
+class CollectiveCounter(CommCounter):
+    """CommCounter that also sees ``_c10d_functional`` ops; use ``payload`` (bytes by kind)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name().split("::")[-1].split(".")[0]
+        if func.namespace == "_c10d_functional" and name in _FUNCTIONAL:
+            kind, size = _FUNCTIONAL[name]
+            n = args[1] if name == "all_gather_into_tensor" else (
+                args[2] if name == "reduce_scatter_tensor" else 1)
+            self.calls[kind] += 1
+            self.payload[kind] += size(args[0].numel() * args[0].element_size(), n)
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def config_of(name: str) -> Config:
+    dp, tp, zero = CONFIGS[name]
+    return Config(dp=dp, tp=tp, zero=zero, micro_batch=BATCH // dp, global_batch=BATCH)
+
+
+def build(name: str, cfg: dict):
+    """(model, dp index of this rank) for one configuration on the 4 ranks."""
+    dp, tp, zero = CONFIGS[name]
+    model = workload.build_model(cfg, 0)
+    if name == "ddp":
+        return DDP(model), dist.get_rank()
+    if name == "fsdp":
+        return apply_fsdp(model, init_device_mesh("cpu", (dp,))), dist.get_rank()
+    if name == "tp":
+        return apply_tp(model, init_device_mesh("cpu", (tp,))), 0
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    return build_2d(model, mesh), mesh["dp"].get_local_rank()
+
+
+def measure(name: str) -> dict:
+    cfg = workload.model_config()
+    dp = CONFIGS[name][0]
+    model, me = build(name, cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = workload.global_batch(workload.sort_task(n=64), 0, BATCH)
+    xs, ys = workload.rank_slice((x, y), me, dp)
+    saved = []
+
+    def pack(t):
+        if not isinstance(t, nn.Parameter):
+            saved.append(t)
+        return t
+
+    counter = CollectiveCounter(dist.get_world_size())
+    with counter:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = lm_loss(model(xs), ys, int((y != -100).sum()))
+        activations = tensor_bytes([local(t) for t in saved], exclude=list(model.parameters()))
+        del saved[:]
+        loss.backward()
+    opt.step()
+    out = {**state_bytes(model, opt), "activations": activations,
+           **{k: counter.payload.get(k, 0) for k in ("all_reduce", "all_gather", "reduce_scatter")}}
+    opt.zero_grad()
+    dist.barrier()
+    return out
+
+
+def measure_all(names=tuple(CONFIGS)) -> dict:
+    """{config name -> measured bytes} (rank 0's; every rank runs every configuration)."""
+    torch.manual_seed(0)
+    return {name: measure(name) for name in names}
