@@ -1,0 +1,70 @@
+"""Notebook 04: the replica-step exercise check (reference passes, typical mistakes are named)
+and the measured costs of DataParallel."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from source_code.solutions.nb04_dataparallel import replica_step
+from source_code.training import dataparallel_costs as costs
+from source_code.training.dataparallel_exercise import check_replica_step
+
+
+def test_reference_solution_passes():
+    assert check_replica_step(replica_step).startswith("correct")
+
+
+def on_the_module_itself(module, x, y, n):
+    for cx, cy in zip(x.chunk(n), y.chunk(n)):
+        (len(cx) / len(x) * F.cross_entropy(module(cx), cy)).backward()
+
+
+def unweighted_chunk_means(module, x, y, n):
+    reps = [copy.deepcopy(module) for _ in x.chunk(n)]
+    for r, cx, cy in zip(reps, x.chunk(n), y.chunk(n)):
+        (F.cross_entropy(r(cx), cy) / n).backward()
+    for p, *cs in zip(module.parameters(), *(r.parameters() for r in reps)):
+        p.grad = sum(c.grad for c in cs)
+
+
+def gradients_left_on_the_copies(module, x, y, n):
+    reps = [copy.deepcopy(module) for _ in x.chunk(n)]
+    for r, cx, cy in zip(reps, x.chunk(n), y.chunk(n)):
+        (len(cx) / len(x) * F.cross_entropy(r(cx), cy)).backward()
+
+
+def first_copy_only(module, x, y, n):
+    reps = [copy.deepcopy(module) for _ in x.chunk(n)]
+    for r, cx, cy in zip(reps, x.chunk(n), y.chunk(n)):
+        (len(cx) / len(x) * F.cross_entropy(r(cx), cy)).backward()
+    for p, c in zip(module.parameters(), reps[0].parameters()):
+        p.grad = c.grad
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (on_the_module_itself, "the module itself ran forward"),
+    (unweighted_chunk_means, "how much does each chunk's mean weigh"),
+    (gradients_left_on_the_copies, "grad is empty"),
+    (first_copy_only, "gradient differs"),
+])
+def test_typical_mistakes_are_named(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_replica_step(wrong)
+
+
+def test_costs_count_the_bytes_dataparallel_moves():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 4))
+    rep = costs.replicate_cost(model, n_devices=4, repeats=3)
+    assert rep["bytes"] == 3 * (10 * 20 + 20 + 20 * 4 + 4) * 4  # 3 other devices, float32
+    gat = costs.gather_cost(model, torch.randn(16, 10), n_devices=4, repeats=3)
+    assert gat["bytes"] == 12 * 4 * 4  # 3 of 4 chunks of 4 examples x 4 outputs travel
+    assert rep["ms"] > 0 and gat["ms"] > 0
+
+
+def test_threads_do_not_speed_up_interpreter_bound_work():
+    gil = costs.gil_cost(units=4000)
+    assert gil["threads_speedup"] < 1.4, gil
