@@ -60,7 +60,7 @@ def describe(dp: int = 2, tp: int = 2, names=("layers.0.attn.wq.weight", "layers
     params = dict(model.named_parameters())
     out = {"mesh": mesh.mesh.tolist(), "dim_names": list(mesh.mesh_dim_names),
            "tp_groups": groups(mesh.mesh, 1), "dp_groups": groups(mesh.mesh, 0),
-           "my_coordinate": mesh.get_coordinate(),
+           "my_coordinate": list(mesh.get_coordinate()),
            "tp_group_of_rank": mesh["tp"].mesh.tolist(), "dp_group_of_rank": mesh["dp"].mesh.tolist(),
            "params": {}}
     for name in names:

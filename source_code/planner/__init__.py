@@ -1,4 +1,15 @@
-"""Predict what a training strategy costs before running it: memory per rank (memory.py).
+"""Predict what a training configuration costs before running it.
+
+* ``memory.py``: per-rank bytes of DDP / ZeRO-1 / ZeRO-2 / FSDP on N ranks (notebook 08);
+* ``spec.py``: the model (by name or dimensions), the cluster, a (pp, dp, tp, ZeRO) configuration;
+* ``mesh_memory.py``: bytes per GPU of a mesh: parameters, gradients, optimizer state, activations
+  (with and without checkpointing);
+* ``communication.py``: bytes per step by collective and by link (intra-/inter-node);
+* ``search.py`` + ``plan.py``: which meshes fit, ranked, and why the others do not (the CLI);
+* ``measured.py`` + ``check.py``: the predictions against bytes counted on real processes;
+* ``exercises.py``: notebook 11's exercise.
 
     python -m source_code.planner.memory --params 124e6 --world-size 8
+    python -m source_code.planner.plan --model 70b --cluster lumi --nodes 16
+    python -m source_code.planner.check          # planner_max_rel_error=E
 """

@@ -1,0 +1,53 @@
+"""The 2D training script: flags checked against the launch before any work, a real 2 x 2 run."""
+import subprocess
+import sys
+
+import pytest
+
+from source_code.distributed import LaunchError
+from source_code.mesh import train_2d
+from source_code.training.loop import parse_summary
+
+
+def env(world, local=None):
+    e = {"RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "x", "MASTER_PORT": "1"}
+    if local:
+        e["LOCAL_WORLD_SIZE"] = str(local)
+    return e
+
+
+def test_check_gives_the_mesh_shape():
+    assert train_2d.check(train_2d.parse_args(["--tp", "2"]), env(4)) == (2, 2)
+    assert train_2d.check(train_2d.parse_args(["--tp", "4"]), env(8, local=4)) == (2, 4)
+    assert train_2d.check(train_2d.parse_args(["--tp", "1"]), {}) == (1, 1)
+
+
+@pytest.mark.parametrize("argv, world, local, message", [
+    (["--tp", "3"], 4, None, "world size 4 is not divisible by --tp 3; use a --tp that divides 4"),
+    (["--tp", "4"], 8, 2, "--tp 4 would span nodes (2 processes per node)"),
+    (["--tp", "8", "--heads", "4"], 8, None, "4 heads do not divide among 8 tp ranks"),
+    (["--batch-size", "30"], 8, None, "--batch-size 30 does not divide among 4 dp groups"),
+    (["--dim", "66"], 4, None, "--dim 66 must be a multiple of --heads 4"),
+])
+def test_bad_launches_fail_in_one_line(argv, world, local, message):
+    with pytest.raises(LaunchError, match="^error: ") as err:
+        train_2d.check(train_2d.parse_args(argv), env(world, local))
+    assert message in str(err.value)
+
+
+def test_bad_flag_exits_2_with_one_line_before_any_process_group():
+    res = subprocess.run([sys.executable, "-m", "source_code.mesh.train_2d", "--tp", "3"],
+                         env={**env(4), "PATH": ""}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: world size 4 is not divisible by --tp 3")
+
+
+@pytest.mark.parity
+def test_2d_training_on_4_processes_learns(torchrun):
+    out = torchrun("source_code.mesh.train_2d", "--tp", "2", "--steps", "20", nproc=4).stdout
+    assert "terminate called" not in out
+    assert "tp group [0, 1] on" in out and "tp group [2, 3] on" in out
+    assert out.count("summary:") == 1 and out.count("step   20/20") == 1   # rank 0 prints
+    s = parse_summary(out)
+    assert (s["world_size"], s["dp"], s["tp"], s["steps"]) == (4, 2, 2, 20)
+    assert s["loss"] < 2.0    # from ln(17) = 2.83 at the start
