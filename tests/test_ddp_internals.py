@@ -24,11 +24,43 @@ def test_buckets_reverse_order_and_size():
 def test_naive_bucketed_and_torch_ddp_agree(torchrun):
     out = torchrun("source_code.ddp_internals.compare", "--steps", "8", "--warmup", "2", nproc=2).stdout
     diffs = [float(d) for d in re.findall(r"max_abs_diff\[[\w-]+\]=(\S+)", out)]
-    assert len(diffs) == 3 and max(diffs) <= 1e-5
-    times = dict(re.findall(r"compare: impl=(\w+) median_ms=(\S+)", out))
-    assert set(times) == {"naive", "bucketed", "torch"} and all(float(t) > 0 for t in times.values())
-    calls = {m[0]: int(m[1]) for m in re.findall(r"^(naive|bucketed)\s+\S+\s+\S+\s+\S+\s+(\d+)$", out, re.M)}
-    assert calls["bucketed"] < calls["naive"] == 8  # 8 parameter tensors vs a few buckets
+    assert len(diffs) == 10 and max(diffs) <= 1e-5  # 5 implementations, every pair
+    times = dict(re.findall(r"compare: impl=([\w-]+) median_ms=(\S+)", out))
+    assert set(times) == {"naive", "no-overlap", "bucketed", "views", "torch"}
+    assert all(float(t) > 0 for t in times.values())
+    ratios = dict(re.findall(r"compare: impl=([\w-]+) median_ms=\S+ ratio_to_torch=(\S+)", out))
+    assert set(ratios) == set(times) - {"torch"} and all(float(r) > 0 for r in ratios.values())
+    calls = {m[0]: int(m[1]) for m in re.findall(r"^([\w-]+)\s+\S+\s+\S+\s+\S+\s+(\d+)$", out, re.M)}
+    assert calls["bucketed"] == calls["no-overlap"] == calls["views"] < calls["naive"] == 8  # tensors vs buckets
+
+
+def test_gradient_views_live_in_the_bucket_buffers_and_equal_the_copies():
+    from source_code.processes import spawn
+    res = spawn(_views_vs_copies, 2, device="cpu")
+    assert all(r["views_in_buffer"] and r["max_diff"] == 0.0 for r in res), res
+
+
+def _views_vs_copies():
+    import torch
+    import torch.nn.functional as F
+    from source_code.ddp_internals.bucketed import BucketedDDP
+    import torch.distributed as dist
+    grads = {}
+    for views in (False, True):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        model = BucketedDDP(net, bucket_mb=0.0001, grad_views=views)
+        torch.manual_seed(1 + dist.get_rank())
+        for _ in range(2):  # two steps: the views are re-attached after zero_grad(set_to_none=True)
+            net.zero_grad(set_to_none=True)
+            F.cross_entropy(model(torch.randn(5, 6)), torch.randint(0, 3, (5,))).backward()
+            model.sync_gradients()
+        grads[views] = [p.grad.clone() for p in net.parameters()]
+        if views:
+            buffers = {t.untyped_storage().data_ptr() for t in model._flat}
+            in_buffer = all(p.grad.untyped_storage().data_ptr() in buffers for p in net.parameters())
+    return {"views_in_buffer": in_buffer,
+            "max_diff": max((a - b).abs().max().item() for a, b in zip(grads[False], grads[True]))}
 
 
 def test_no_sync_accumulation_equals_large_batch(torchrun):

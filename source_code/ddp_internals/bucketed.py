@@ -5,6 +5,9 @@
     model.sync_gradients()           # wait for the last ones, copy the means into .grad
     optimizer.step()
 
+    BucketedDDP(net, overlap=False)     # the same buckets, sent only after backward() is over
+    BucketedDDP(net, grad_views=True)   # .grad are views into the bucket buffers: no copies
+
 How: backward() produces gradients roughly in reverse order of the parameters (the last
 layer's first). The parameters are grouped, in that reverse order, into buckets of about
 ``bucket_mb`` megabytes. A hook registered with ``Tensor.register_post_accumulate_grad_hook``
@@ -14,6 +17,17 @@ an asynchronous ``all_reduce`` -- while autograd goes on computing earlier layer
 Before the optimizer step, ``sync_gradients`` waits for every bucket and copies the averaged
 values back into ``.grad``. Fewer, larger messages (less latency paid) and overlap with
 computation: the two ideas of torch's DDP Reducer.
+
+Two switches separate the ideas in a measurement (compare.py runs them side by side):
+``overlap=False`` keeps the buckets but sends them all after backward() (bucketing without
+overlap); ``grad_views=True`` does what torch's DDP does with ``gradient_as_bucket_view=True``:
+every ``.grad`` is a view into its bucket's flat buffer, so autograd accumulates straight into
+the buffer that is all-reduced; the copy into the buffer and the copy back disappear.
+(torch's DDP also re-orders its buckets after the first step to the order in which gradients
+really arrived; here the reverse parameter order is kept.)
+
+Dividing: each rank divides its gradients by the world size BEFORE the all-reduce sums them,
+as torch's DDP does (the sum of the divided values is the mean; see naive.py).
 
 ``no_sync()`` skips the communication (gradients keep accumulating locally), for gradient
 accumulation; see no_sync.py.
@@ -53,10 +67,12 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.
 class BucketedDDP(nn.Module):
     """Wrap ``module``; call ``sync_gradients()`` between backward() and optimizer.step()."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 0.25):
+    def __init__(self, module: nn.Module, bucket_mb: float = 0.25, overlap: bool = True,
+                 grad_views: bool = False):
         super().__init__()
         self.module = module
         self.world_size = dist.get_world_size()
+        self.overlap, self.grad_views = overlap, grad_views
         broadcast_parameters(module)
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = make_buckets(params, int(bucket_mb * 2**20))
@@ -66,9 +82,25 @@ class BucketedDDP(nn.Module):
         self.require_sync = True
         self.collectives = 0  # all_reduce calls issued so far (each from a hook, during backward)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+        # grad_views: one flat buffer per bucket; each parameter's .grad is a slice of it
+        self._flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
+                      for b in self.buckets] if grad_views else []
+        self._views = [torch.split(flat, [p.numel() for p in b]) for flat, b in zip(self._flat, self.buckets)]
 
     def forward(self, *args, **kwargs):
+        if self.grad_views:
+            self._attach_grad_views()
         return self.module(*args, **kwargs)
+
+    @torch.no_grad()
+    def _attach_grad_views(self) -> None:
+        """Before backward: point every missing .grad at its (zeroed) slice of the bucket buffer."""
+        for flat, bucket, views in zip(self._flat, self.buckets, self._views):
+            if all(p.grad is not None and p.grad.data_ptr() == v.data_ptr() for p, v in zip(bucket, views)):
+                continue  # still attached (zero_grad(set_to_none=False) zeroed them in place)
+            flat.zero_()
+            for p, v in zip(bucket, views):
+                p.grad = v.view_as(p)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -85,12 +117,18 @@ class BucketedDDP(nn.Module):
             return
         i = self._bucket_of[param]
         self._ready[i] += 1
-        if self._ready[i] == len(self.buckets[i]):  # the bucket is full: send it now
+        if self._ready[i] == len(self.buckets[i]) and self.overlap:  # full: send it now
+            self._send(i)
+
+    def _send(self, i: int) -> None:
+        if self.grad_views:  # the gradients already live in the buffer
+            flat = self._flat[i]
+        else:
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
-            flat.div_(self.world_size)  # divide first, then SUM = mean (as torch's DDP does)
-            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
-            self._pending.append((work, i, flat))
-            self.collectives += 1
+        flat.div_(self.world_size)  # divide first, then SUM = mean (as torch's DDP does)
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+        self._pending.append((work, i, flat))
+        self.collectives += 1
 
     @torch.no_grad()
     def sync_gradients(self) -> None:
@@ -103,8 +141,13 @@ class BucketedDDP(nn.Module):
             self._ready = [0] * len(self.buckets)
             raise RuntimeError(f"buckets {missing} never filled: some parameters got no gradient "
                                "in this step; give every parameter a path to the loss")
+        if not self.overlap:  # backward is over: now send every bucket
+            for i in range(len(self.buckets)):
+                self._send(i)
         for work, i, flat in self._pending:
             work.wait()
+            if self.grad_views:
+                continue  # .grad are views of flat: already the means
             offset = 0
             for p in self.buckets[i]:
                 n = p.numel()

@@ -1,14 +1,23 @@
-"""Own naive DDP vs own bucketed DDP vs torch's DDP: the same training, side by side, in one run.
+"""Own naive DDP vs own bucketed DDPs vs torch's DDP: the same training, side by side, in one run.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare
     torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare --steps 100 --width 64 --out times.json
 
-Three copies of the same model (same seed) are trained on the same batches, interleaved step
-by step (the order rotates every step, so a noisy neighbour slows all three alike). Printed:
-a table of step times (median over the steps after --warmup) and the largest absolute
-difference between the three sets of final weights; the run fails if that exceeds --tol,
-because all three must compute the same averaged gradients. Rank 0's step times are reported;
---out writes them all as JSON for plotting (notebook 05).
+Copies of the same model (same seed) are trained on the same batches, interleaved step by
+step (the order rotates every step, so a noisy neighbour slows all alike):
+
+    naive         one all-reduce per parameter tensor, after backward()
+    no-overlap    buckets, all sent after backward()       (the effect of bucketing alone)
+    bucketed      buckets sent during backward()           (+ the effect of overlap)
+    views         bucketed, .grad are views into the buckets (+ no copies, as torch's DDP)
+    torch         torch.nn.parallel.DistributedDataParallel
+
+Printed: a table of step times (median over the steps after --warmup), the median over the
+steps of the per-step ratio own/torch (each step's times were taken back to back, so this
+ratio is the least disturbed by a busy machine), and the largest absolute difference between
+the sets of final weights; the run fails if that exceeds --tol, because all must compute the
+same averaged gradients. Rank 0's step times are reported; --out writes them all as JSON for
+plotting (notebook 05).
 """
 from __future__ import annotations
 
@@ -33,7 +42,7 @@ from source_code.errors import LaunchError
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.ddp_internals.compare"
-IMPLS = ("naive", "bucketed", "torch")
+IMPLS = ("naive", "no-overlap", "bucketed", "views", "torch")
 
 
 def build(kind: str, ctx, args):
@@ -41,8 +50,9 @@ def build(kind: str, ctx, args):
     net = models.SmallCNN(width=args.width).to(ctx.device)
     if kind == "naive":
         model = NaiveDDP(net)
-    elif kind == "bucketed":
-        model = BucketedDDP(net, bucket_mb=args.bucket_mb)
+    elif kind in ("no-overlap", "bucketed", "views"):
+        model = BucketedDDP(net, bucket_mb=args.bucket_mb, overlap=kind != "no-overlap",
+                            grad_views=kind == "views")
     else:
         model = DDP(net, device_ids=ctx.device_ids, bucket_cap_mb=args.bucket_mb)
     return model, torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
@@ -76,7 +86,8 @@ def run(ctx, args) -> dict:
         sampler.set_epoch(epoch)
         for x, y in loader:
             x, y = x.to(ctx.device), y.to(ctx.device)
-            order = IMPLS[step % 3:] + IMPLS[:step % 3]  # rotate who goes first
+            k = step % len(IMPLS)
+            order = IMPLS[k:] + IMPLS[:k]  # rotate who goes first
             for kind in order:
                 times[kind].append(timed_step(*runs[kind], x, y, ctx.device))
             step += 1
@@ -89,6 +100,11 @@ def run(ctx, args) -> dict:
     return {"times": times, "diffs": diffs, "collectives": collectives}
 
 
+def step_ratio(times, reference, warmup: int) -> float:
+    """Median over the steps of time / reference time of the same step (taken back to back)."""
+    return statistics.median(a / b for a, b in zip(times[warmup:], reference[warmup:]))
+
+
 def report(res: dict, args) -> None:
     print0(f"{'implementation':<15}{'median ms':>10}{'mean ms':>10}{'vs torch':>10}{'all_reduce/step':>17}")
     med = {k: statistics.median(v[args.warmup:]) * 1e3 for k, v in res["times"].items()}
@@ -97,8 +113,12 @@ def report(res: dict, args) -> None:
         per_step = f"{calls / args.steps:.0f}" if calls is not None else "(internal)"
         print0(f"{k:<15}{med[k]:>10.2f}{statistics.mean(v[args.warmup:]) * 1e3:>10.2f}"
                f"{med[k] / med['torch']:>10.2f}{per_step:>17}")
+    ratios = {k: step_ratio(res["times"][k], res["times"]["torch"], args.warmup) for k in IMPLS[:-1]}
+    print0("per-step ratio to torch's DDP (median over steps): "
+           + ", ".join(f"{k} {r:.2f}x" for k, r in ratios.items()))
     for k in IMPLS:
-        print0(f"compare: impl={k} median_ms={med[k]:.3f}")
+        print0(f"compare: impl={k} median_ms={med[k]:.3f}"
+               + (f" ratio_to_torch={ratios[k]:.3f}" if k in ratios else ""))
     print0("compare: " + " ".join(f"max_abs_diff[{k}]={v:.2e}" for k, v in res["diffs"].items()))
 
 

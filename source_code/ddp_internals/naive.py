@@ -26,16 +26,18 @@ def broadcast_parameters(module: nn.Module, src: int = 0) -> None:
 
 
 def average_gradients(module: nn.Module) -> None:
-    """Replace every gradient by its mean over the ranks (sum by all_reduce, then divide).
+    """Replace every gradient by its mean over the ranks: divide by the world size, then SUM.
 
-    SUM then divide works on every backend and version (ReduceOp.AVG does too on NCCL and on
-    gloo in recent torch); torch's DDP also sums and divides by the world size.
+    Divide first, as torch's DDP and bucketed.py do: the sum of the divided gradients is the
+    mean, and the values that travel stay as small as the gradients themselves (a sum of many
+    large fp16 gradients could overflow before a division after it). SUM works on every backend
+    and version (ReduceOp.AVG is missing on gloo in older torch).
     """
     world = dist.get_world_size()
     for p in module.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad.div_(world)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
 class NaiveDDP(nn.Module):

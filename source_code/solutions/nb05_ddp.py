@@ -24,5 +24,5 @@ def average_gradients(model):
     world_size = dist.get_world_size()
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-            p.grad /= world_size
+            p.grad /= world_size                      # divide first, as DDP does
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # then the sum is the mean
