@@ -1,21 +1,11 @@
-"""The all-reduce benchmark: its table, busbw convention, ratio line and alpha-beta fit."""
+"""The all-reduce benchmark: its table, busbw convention, ratio line, crossover helpers."""
 import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from source_code.sync import allreduce_benchmark as bench
-
-
-def test_fit_recovers_a_known_alpha_beta():
-    sizes = np.array([2**k for k in range(10, 27, 2)], dtype=float)
-    alpha, beta = 50e-6, 1 / 2e9
-    times = (alpha + beta * sizes) * (1 + 0.01 * np.cos(np.arange(len(sizes))))  # 1% wiggle
-    a, b = bench.fit_alpha_beta(sizes, times)
-    assert a == pytest.approx(alpha, rel=0.1)
-    assert b == pytest.approx(beta, rel=0.05)
 
 
 def test_sizes_parse_and_bad_sizes_say_how():
@@ -44,5 +34,17 @@ def test_benchmark_prints_table_and_ratio(tmp_path):
         for r in table_rows:  # busbw = algbw * 2 (n-1)/n with n = 3
             assert r["busbw"] == pytest.approx(r["algbw"] * 4 / 3)
             assert r["algbw"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / 1e9)
-    assert set(summary["rows"]) == {"ring", "naive_ring", "param_server", "library"}
+    assert set(summary["rows"]) == {"ring", "naive_ring", "parameter_server", "library"}
+    assert all(f["beta_Bps"] > 0 for f in summary["fits"].values())  # beta is a bandwidth in bytes/s
     assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_crossover_helpers_on_a_made_up_summary():
+    sizes = [2**k for k in (12, 14, 16, 18, 20)]
+    rows = {"parameter_server": [{"size": s, "time_us": 100 + s / 1e3} for s in sizes],
+            "ring": [{"size": s, "time_us": 300 + s / 2e3} for s in sizes]}
+    summary = {"rows": rows, "fits": {"parameter_server": {"alpha_s": 100e-6, "beta_Bps": 1e9},
+                                      "ring": {"alpha_s": 300e-6, "beta_Bps": 2e9}}}
+    # the lines meet at 400 kB; the ring wins from 2**20 on, loses at 2**18
+    assert bench.predicted_crossover(summary) == pytest.approx(4e5)
+    assert bench.measured_crossover(summary) == pytest.approx(2**19)

@@ -3,7 +3,7 @@ import pytest
 
 from source_code.processes import spawn
 from source_code.sync import collectives
-from source_code.sync.parameter_server import ps_vs_ddp
+from source_code.sync.harness import ps_vs_ddp
 
 
 @pytest.mark.parity

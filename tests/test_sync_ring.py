@@ -1,4 +1,4 @@
-"""Own ring all-reduce, naive ring and parameter-server reduction vs dist.all_reduce; the exercise.
+"""Own ring all-reduce, naive ring and parameter-server all-reduce (sync/comms.py) vs dist.all_reduce.
 
 The segmented ring is checked three ways:
 * on real processes (gloo) against dist.all_reduce, for the sizes where the chunk lengths of one
@@ -16,9 +16,8 @@ import torch
 import torch.distributed as dist
 
 from source_code.processes import spawn
-from source_code.solutions.nb02_sync import all_gather_phase as solution
-from source_code.sync.ring_allreduce import (RingLinks, all_gather_phase, check_all_gather, compare_with_library,
-                                             reduce_scatter_phase, ring_all_reduce)
+from source_code.sync.comms import RingNeighbours, all_gather_phase, reduce_scatter_phase, ring_all_reduce
+from source_code.sync.harness import compare_with_library
 
 SIZES = (1, 5, 1001, 4099)  # smaller than, and not divisible by, the world sizes
 PER_SEGMENT = 2             # elements per segment in the boundary tests: float64, 16-byte segments
@@ -113,16 +112,16 @@ class FakeWork:
         return True
 
 
-class FakeLinks(RingLinks):
-    """RingLinks with threads as ranks. ``backend="nccl"``: one Work for the whole batch, whose wait()
+class FakeLinks(RingNeighbours):
+    """RingNeighbours with threads as ranks. ``backend="nccl"``: one Work for the whole batch, whose wait()
     completes every operation; ``"gloo"``: one Work per operation. Receive buffers hold NaN until
     their Work is waited on."""
 
     def __init__(self, rank, world, mailboxes, backend):
-        super().__init__(rank, world)
+        super().__init__((rank + 1) % world, (rank - 1) % world)
         self.rank, self.mailboxes, self.backend = rank, mailboxes, backend
 
-    def start(self, send, recv):
+    def post(self, send, recv):
         sends = [send] if send is not None and send.numel() > 0 else []
         receives = [recv] if recv is not None and recv.numel() > 0 else []
         for t in receives:
@@ -166,7 +165,7 @@ def test_fake_links_return_works_as_the_backend_does(backend):
     mailboxes = [queue.Queue() for _ in range(2)]
     links = FakeLinks(0, 2, mailboxes, backend)
     send, recv = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
-    works = links.start(send, recv)
+    works = links.post(send, recv)
     assert len(works) == (1 if backend == "nccl" else 2)
     assert recv.isnan().all()  # nothing has arrived before wait()
     mailboxes[0].put(torch.full((3,), 7.0, dtype=torch.float64))  # what rank 1 sends
@@ -194,8 +193,8 @@ class PerOperationWorks(FakeLinks):
     """The old assumption: the Works after the sends' ones belong to the receives (gloo's list).
     With NCCL's single Work for the batch, that leaves nothing to wait on for the receives."""
 
-    def start(self, send, recv):
-        works = super().start(send, recv)
+    def post(self, send, recv):
+        works = super().post(send, recv)
         n_send = 1 if send is not None and send.numel() > 0 else 0
         return works[n_send:]
 
@@ -205,32 +204,3 @@ def test_fake_nccl_catches_a_ring_that_assumes_one_work_per_operation():
     data = [torch.arange(n, dtype=torch.float64) * (r + 1) for r in range(world)]
     results = ring_on_threads(data, "nccl", SEGMENT_BYTES, links_class=PerOperationWorks)
     assert all(got.isnan().any() for got in results)  # the receives were read before they arrived
-
-
-# --------------------------------------------------------------------------- the exercise
-def test_exercise_solution_passes_the_check():
-    assert check_all_gather(solution) is True
-
-
-def test_unfinished_exercise_reports_not_done(capsys):
-    def todo(chunks, rank, world, exchange):
-        raise NotImplementedError
-    assert check_all_gather(todo) is False
-    assert "not done yet" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong", ["one_step_short", "wrong_chunk", "whole_buffer"])
-def test_wrong_answers_fail_the_check(wrong):
-    def answer(chunks, rank, world, exchange):
-        if wrong == "one_step_short":
-            for s in range(world - 2):
-                exchange(chunks[(rank + 1 - s) % world], chunks[(rank - s) % world])
-        elif wrong == "wrong_chunk":  # forwards a partial chunk instead of the complete one
-            for s in range(world - 1):
-                exchange(chunks[(rank - s) % world], chunks[(rank - 1 - s) % world])
-        else:
-            buf = torch.cat(chunks)
-            for _ in range(world - 1):
-                exchange(buf, buf.clone())
-    with pytest.raises(AssertionError):
-        check_all_gather(answer, timeout=2.0)

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from source_code import costmodel
 from source_code.sync import ring_simulation as rs
 
 
@@ -29,26 +30,28 @@ def test_after_reduce_scatter_each_worker_owns_one_complete_chunk():
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
-def test_byte_counts_match_the_formulas(n):
+def test_counted_bytes_match_costmodel_traffic(n):
     nbytes = 4 * n * 64  # divisible by N: the formulas are exact
     row = rs.traffic([n], nbytes)[0]
-    assert row["ring_worker_sent"] == rs.ring_bytes_per_worker(n, nbytes)
-    assert row["ring_busiest_link"] == rs.ring_bytes_per_worker(n, nbytes)
-    assert row["ps_worker_sent"] == rs.ps_bytes(n, nbytes)["worker"]
-    assert row["ps_busiest_link"] == rs.ps_bytes(n, nbytes)["server"]
+    for algorithm in ("ring", "parameter_server"):
+        formula = costmodel.traffic(algorithm, n, nbytes)
+        del formula["messages"]
+        assert row[algorithm] == formula, algorithm
+    assert row["parameter_server"]["link_in"] == (n - 1) * nbytes  # the server's link, each way
 
 
 def test_uneven_chunks_cost_at_most_one_element_per_step():
     n, elems = 4, 10  # chunks of 3, 3, 2, 2 elements
     sim = rs.simulate_ring([np.ones(elems) for _ in range(n)])
-    formula = rs.ring_bytes_per_worker(n, elems * 4)
+    formula = costmodel.traffic("ring", n, elems * 4)["rank_sent"]
     assert all(abs(b - formula) <= 2 * (n - 1) * 4 for b in sim.sent())
 
 
 def test_parameter_server_round():
-    grads = [np.array([1.0, 2.0]), np.array([3.0, 6.0])]
+    grads = [np.array([1.0, 2.0]), np.array([3.0, 6.0])]  # rank 0 is the server and has a gradient too
     sim = rs.simulate_parameter_server(grads, np.zeros(2), lr=0.5)
     np.testing.assert_array_equal(sim.total, [4.0, 8.0])
+    np.testing.assert_array_equal(sim.sent(), [8, 8])  # two float32 (8 bytes) each way
     for w in sim.result:  # w = 0 - 0.5 * mean gradient
         np.testing.assert_array_equal(w, [-1.0, -2.0])
     assert [s.phase for s in sim.steps] == ["start", "push", "aggregate", "update", "pull"]
@@ -59,6 +62,8 @@ def test_drawings_have_one_panel_per_step(tmp_path, monkeypatch):
     import matplotlib
     matplotlib.use("Agg")
     for n in (3, 4):
+        ps = rs.draw_parameter_server(rs.simulate_parameter_server([np.ones(2)] * n, np.zeros(2)))
+        assert len(ps.axes) == 4
         sim = rs.simulate_ring([np.arange(5.0)] * n)
         fig = rs.draw_ring(sim, tmp_path / f"ring{n}.png")
         assert len(fig.axes) == 2 * n - 1

@@ -8,8 +8,9 @@ round trip is the one-way time t(n). Why the fastest and not the median: on a bu
 OS scheduler sometimes lets the receiver wait a whole time slice (~2 ms seen here on 2 shared
 cores), which is not a cost of the transfer; the median is kept too (``one_way_median_s``). Small messages cost the fixed latency alpha (software
 stack, synchronisation); large ones the transfer time n / beta (beta = bandwidth). The fit
-weights every point by 1 / t (relative error), so the microsecond points count as much as the
-millisecond ones. On GPUs the same code sends CUDA tensors over NCCL (device from the Context)
+(``source_code.costmodel.fit_alpha_beta``, the same fit as the all-reduce benchmark of notebook
+03) weights every point by 1 / t (relative error), so the microsecond points count as much as
+the millisecond ones. On GPUs the same code sends CUDA tensors over NCCL (device from the Context)
 and synchronises before reading the clock.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from source_code.cli import Parser, positive_int
+from source_code.costmodel import crossover_bytes, fit_alpha_beta, model_time  # the one alpha-beta model
 from source_code.distributed import context, print0, run_main, session
 from source_code.errors import LaunchError
 
@@ -81,24 +83,6 @@ def run_spawned(world_size: int = 2, sizes=DEFAULT_SIZES, iters: int = 20) -> li
     from source_code.processes import spawn
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the spawned processes
     return spawn(pingpong, world_size, list(sizes), iters)[0]
-
-
-def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
-    """Least squares of t = alpha + n / beta in relative error; returns (alpha s, beta bytes/s)."""
-    n = np.asarray(nbytes, dtype=float)
-    t = np.asarray(seconds, dtype=float)
-    a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]  # rows divided by t: relative error
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    return float(alpha), float(1.0 / inv_beta) if inv_beta > 0 else float("inf")
-
-
-def model_time(nbytes, alpha: float, beta: float):
-    return alpha + np.asarray(nbytes, dtype=float) / beta
-
-
-def crossover_bytes(alpha: float, beta: float) -> float:
-    """The message size where latency and transfer cost the same (n = alpha * beta)."""
-    return alpha * beta
 
 
 def sanity(results: list[dict], alpha: float, beta: float) -> list[str]:

@@ -1,9 +1,16 @@
 """Model synchronisation: how N workers agree on one update (notebooks 02 and 03).
 
+Lessons (read in this order):
 * ``ring_simulation``: parameter server and ring all-reduce simulated in NumPy, step by step,
-  with the bytes every worker and every link carries, and the step-by-step drawings.
-* ``ring_allreduce``: the chunked ring all-reduce and the naive ring on torch.distributed.
-* ``parameter_server``: a parameter server that trains the digits CNN to DDP's weights.
-* ``collectives``: the five collectives run on several processes, inputs and outputs shown.
-* ``allreduce_benchmark``: an nccl-tests-style table, busbw, and an alpha-beta model fit.
+  with the bytes every rank sends and receives, and the step-by-step drawings.
+* ``comms``: the all-reduce algorithms on torch.distributed -- parameter server, naive ring,
+  ring (reduce-scatter + all-gather with isend/irecv), and the library call.
+* ``parameter_server``: a parameter server that trains the digits CNN (rank 0 serves).
+* ``collectives``: the collectives of torch.distributed with their buffers, inputs and outputs.
+
+Around them (they import the lessons, never the other way round):
+* ``harness``: the implementations against dist.all_reduce, the parameter server against DDP.
+* ``allreduce_benchmark``: an nccl-tests-style table, busbw, alpha-beta fits, crossover, busbw vs N.
+* ``exercises``: the check functions of the notebooks' exercises.
+The byte counts and the alpha-beta fit live in ``source_code/costmodel.py``.
 """

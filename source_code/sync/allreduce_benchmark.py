@@ -1,4 +1,4 @@
-"""All-reduce benchmark in the style of nccl-tests: own ring, naive ring, parameter server, library.
+"""All-reduce benchmark in the style of nccl-tests: ring, naive ring, parameter server, library.
 
     python -m source_code.sync.allreduce_benchmark --world-size 4            # starts its own processes
     torchrun --standalone --nproc-per-node=4 -m source_code.sync.allreduce_benchmark
@@ -14,9 +14,10 @@ repetitions, with
 (busbw is what each rank's link actually carries in a ring, nccl-tests' convention for
 all-reduce: comparable across world sizes and with the hardware's bandwidth). The last line,
 ``ring_vs_library_busbw_ratio=R``, is the median over repetitions of time(library) / time(ring)
-at --ratio-size (64 MiB): paired ratios cancel the drift of a shared machine. A latency-
-bandwidth model time = alpha + size / bandwidth is fitted per implementation (--plot draws
-measured vs model). Every implementation is first checked against dist.all_reduce.
+at --ratio-size (64 MiB): paired ratios cancel the drift of a shared machine. The alpha-beta
+model time = alpha + size / beta (beta: bandwidth in bytes/s, ``source_code.costmodel``) is
+fitted per implementation (--plot draws measured vs model). Every implementation is first
+checked against dist.all_reduce.
 gloo + CPU here, NCCL + GPU on a GPU node: the same code.
 """
 from __future__ import annotations
@@ -30,13 +31,11 @@ import torch
 import torch.distributed as dist
 
 from source_code.cli import Parser, positive_int
+from source_code.costmodel import busbw_factor, equal_time_bytes, fit_alpha_beta
 from source_code.distributed import context, ranks_from_env, run_main, session
 from source_code.errors import LaunchError
-from source_code.sync.parameter_server import ps_all_reduce
-from source_code.sync.ring_allreduce import library_all_reduce, naive_ring_all_reduce, ring_all_reduce
+from source_code.sync.comms import IMPLEMENTATIONS, library_all_reduce
 
-IMPLS = {"ring": ring_all_reduce, "naive_ring": naive_ring_all_reduce,
-         "param_server": ps_all_reduce, "library": library_all_reduce}
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
@@ -63,7 +62,7 @@ def _sync(device):
 
 
 def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps: int = 12,
-            max_reps: int = 20, min_reps: int = 3) -> dict:
+            max_reps: int = 20, min_reps: int = 3, names=tuple(IMPLEMENTATIONS)) -> dict:
     """Run on every rank of a group: per implementation and size, the list of call times (s),
     each the slowest rank's. Float32 buffers; reps per size ~ budget_bytes / size, and at least
     ``ratio_reps`` alternating ring / library pairs at ``ratio_size``."""
@@ -72,12 +71,12 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
     # correctness first: an implementation that is fast but wrong must not make it into the table
     probe = torch.randn(1000 + world + 1, generator=torch.Generator().manual_seed(rank)).to(device)
     reference = library_all_reduce(probe.clone())
-    for name, fn in IMPLS.items():
-        err = float((fn(probe.clone()) - reference).abs().max())
+    for name in names:
+        err = float((IMPLEMENTATIONS[name](probe.clone()) - reference).abs().max())
         if err > 1e-4:
             raise RuntimeError(f"{name} all-reduce differs from dist.all_reduce by {err}")
-    times = {name: {} for name in IMPLS}
-    names = list(IMPLS)
+    names = list(names)
+    times = {name: {} for name in names}
     for size in sorted(set(sizes) | {ratio_size}):
         buf = torch.empty(size // 4, dtype=torch.float32, device=device)
         reps = max(min_reps, min(max_reps, budget_bytes // size))
@@ -85,14 +84,14 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
         # at the ratio size, extra repetitions of the two compared implementations only
         extra = max(0, ratio_reps - reps) if size == ratio_size else 0
         for rep in range(reps + 1 + extra):  # rep 0 is a warm-up, not recorded
-            pool = names if rep <= reps else ["ring", "library"]
+            pool = names if rep <= reps else [n for n in names if n in ("ring", "library")]
             order = pool[rep % len(pool):] + pool[: rep % len(pool)]
             for name in order:
                 buf.fill_(1.0)
                 _sync(device)
                 dist.barrier()
                 start = time.perf_counter()
-                IMPLS[name](buf)
+                IMPLEMENTATIONS[name](buf)
                 _sync(device)
                 elapsed = time.perf_counter() - start
                 if rep:
@@ -106,27 +105,18 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
             "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times}
 
 
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    """Least squares of time = alpha + beta * size on relative errors; returns (alpha s, beta s/B)."""
-    s, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
-    a = np.stack([np.ones_like(s), s], axis=1) / t[:, None]
-    alpha, beta = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0]
-    return float(max(alpha, 0.0)), float(beta)
-
-
 def summarize(res: dict) -> dict:
     """Medians, algbw, busbw per (implementation, size); alpha-beta fits; the ring/library ratio."""
     n = res["world_size"]
-    factor = 2 * (n - 1) / n
+    factor = busbw_factor(n)  # 2 (N-1)/N
     rows, fits = {}, {}
     for name, per_size in res["times"].items():
         sizes = res["sizes"]
         med = [float(np.median(per_size[s])) for s in sizes]
         rows[name] = [{"size": s, "time_us": m * 1e6, "algbw": s / m / 1e9, "busbw": s / m / 1e9 * factor}
                       for s, m in zip(sizes, med)]
-        alpha, beta = fit_alpha_beta(sizes, med)
-        fits[name] = {"alpha_us": alpha * 1e6, "beta_s_per_byte": beta,
-                      "bandwidth_GBps": (1 / beta / 1e9) if beta > 0 else float("inf")}
+        alpha, beta = fit_alpha_beta(sizes, med)  # seconds, bytes/s
+        fits[name] = {"alpha_s": alpha, "beta_Bps": beta}
     r = res["ratio_size"]
     paired = np.asarray(res["times"]["library"][r]) / np.asarray(res["times"]["ring"][r])
     return {"rows": rows, "fits": fits, "ratio": float(np.median(paired)), "ratio_size": r,
@@ -147,9 +137,9 @@ def table(summary: dict) -> str:
             r = summary["rows"][name][i]
             line += f" | {r['time_us']:>10.1f} {r['algbw']:>9.3f} {r['busbw']:>9.3f}"
         lines.append(line)
-    lines.append("# alpha-beta fit, time = alpha + size / bandwidth:")
+    lines.append("# alpha-beta fit, time = alpha + size / beta (beta = bandwidth):")
     for name, f in summary["fits"].items():
-        lines.append(f"#   {name:<13} alpha = {f['alpha_us']:9.1f} us   bandwidth = {f['bandwidth_GBps']:.3f} GB/s")
+        lines.append(f"#   {name:<16} alpha = {f['alpha_s'] * 1e6:9.1f} us   beta = {f['beta_Bps'] / 1e9:.3f} GB/s")
     lines.append(f"# ratio = median over {summary['ratio_pairs']} interleaved repetitions of "
                  f"time(library)/time(ring) at {human(summary['ratio_size'])}")
     lines.append(f"ring_vs_library_busbw_ratio={summary['ratio']:.3f}")
@@ -164,7 +154,7 @@ def plot(summary: dict, path=None):
         s = np.array([r["size"] for r in rows], dtype=float)
         f = summary["fits"][name]
         axes[0].loglog(s, [r["time_us"] for r in rows], "o", color=color, label=f"{name} measured")
-        axes[0].loglog(s, f["alpha_us"] + f["beta_s_per_byte"] * s * 1e6, "-", color=color, alpha=0.7)
+        axes[0].loglog(s, (f["alpha_s"] + s / f["beta_Bps"]) * 1e6, "-", color=color, alpha=0.7)
         axes[1].semilogx(s, [r["busbw"] for r in rows], "o-", color=color, label=name)
     axes[0].set(xlabel="message size (bytes)", ylabel="time (us)",
                 title="measured (dots) vs alpha-beta model (lines)")
@@ -193,6 +183,42 @@ def default_sizes(min_size: int, max_size: int) -> list[int]:
         sizes.append(s)
         s *= 4
     return sizes
+
+
+def measured_crossover(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring"):
+    """The measured size from which ``fast_large`` beats ``slow_small`` at every larger size: the
+    geometric mean of the last size it loses and the first size it wins (the first size if it
+    wins everywhere, None if it loses at the largest)."""
+    a, b = summary["rows"][slow_small], summary["rows"][fast_large]
+    wins = [rb["time_us"] < ra["time_us"] for ra, rb in zip(a, b)]
+    if not wins[-1]:
+        return None
+    first = len(wins) - 1
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    if first == 0:
+        return float(a[0]["size"])
+    return float(np.sqrt(a[first - 1]["size"] * a[first]["size"]))
+
+
+def predicted_crossover(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring"):
+    """The size where the two fitted alpha-beta models predict the same time (None: they do not cross)."""
+    f = summary["fits"]
+    return equal_time_bytes((f[fast_large]["alpha_s"], f[fast_large]["beta_Bps"]),
+                            (f[slow_small]["alpha_s"], f[slow_small]["beta_Bps"]))
+
+
+def busbw_by_world_size(world_sizes=(2, 3, 4), size: int = 16 * 2**20, reps: int = 6,
+                        names=("ring", "library")) -> dict:
+    """busbw (GB/s, median) of ``names`` at one size for each world size: {name: {N: busbw}}."""
+    from source_code.processes import spawn
+    out = {name: {} for name in names}
+    for n in world_sizes:
+        res = spawn(measure, n, [size], size, reps * size, reps, reps, reps, names)[0]
+        for name in names:
+            t = float(np.median(res["times"][name][size]))
+            out[name][n] = size / t / 1e9 * busbw_factor(n)
+    return out
 
 
 def main(argv=None):

@@ -69,13 +69,12 @@ class Simulation:
                 out[t.dst] += t.nbytes
         return out
 
-    def busiest_link_bytes(self) -> int:
-        """Bytes through the busiest node's link, in its busier direction (links are full duplex)."""
-        return int(max(self.sent().max(), self.received().max()))
-
-    def worker_sent_bytes(self) -> int:
-        """Bytes the busiest *worker* (not the server) sent."""
-        return int(self.sent()[: self.n_workers].max())
+    def counted(self) -> dict:
+        """The same keys as ``costmodel.traffic`` (without ``messages``), counted from the
+        transfers: a non-root rank's bytes (the largest, rank 1 ... N-1) and the busiest link's."""
+        sent, received = self.sent(), self.received()
+        return {"rank_sent": int(sent[1:].max()), "rank_received": int(received[1:].max()),
+                "link_in": int(received.max()), "link_out": int(sent.max())}
 
 
 def _snapshot(buf):
@@ -117,42 +116,28 @@ def simulate_ring(grads, itemsize: int = 4) -> Simulation:
 
 
 def simulate_parameter_server(grads, weights, lr: float = 0.1, itemsize: int = 4) -> Simulation:
-    """One parameter-server round: push gradients, aggregate (sum), update, pull weights.
+    """One parameter-server round over N ranks, rank 0 the server: push, aggregate, update, pull.
 
-    Nodes 0..N-1 are workers, node N is the server. ``result`` holds the sum of the gradients
-    on every worker's side of the comparison (``sum``) and, per worker, the pulled weights.
-    """
+    As in ``comms.ps_all_reduce``, the server holds a gradient of its own too: ranks 1..N-1 push
+    theirs to it, it sums all N (``sim.total``), applies one SGD step with the mean, and ranks
+    1..N-1 pull the new weights (``result``: the weights every rank holds at the end)."""
     n = len(grads)
-    server = n
     g = [np.asarray(x, dtype=np.float64) for x in grads]
     w = np.asarray(weights, dtype=np.float64).copy()
     nb = g[0].size * itemsize
-    names = [f"W{i}" for i in range(n)] + ["PS"]
-    steps = [Step("start", 0, [], [[x.copy()] for x in g] + [[w.copy()]])]
-    inbox = [x.copy() for x in g]
-    steps.append(Step("push", 1, [Transfer(i, server, "gradient", nb) for i in range(n)],
-                      [[x.copy()] for x in g] + [[w.copy()]]))
-    total = np.sum(inbox, axis=0)
-    steps.append(Step("aggregate", 1, [], [[x.copy()] for x in g] + [[total.copy()]]))
+    names = ["W0\nserver"] + [f"W{i}" for i in range(1, n)]
+    steps = [Step("start", 0, [], [[x.copy()] for x in g])]
+    steps.append(Step("push", 1, [Transfer(i, 0, "gradient", nb) for i in range(1, n)],
+                      [[x.copy()] for x in g]))
+    total = np.sum(g, axis=0)
+    steps.append(Step("aggregate", 1, [], [[total.copy()]] + [[x.copy()] for x in g[1:]]))
     w = w - lr * total / n
-    steps.append(Step("update", 1, [], [[x.copy()] for x in g] + [[w.copy()]]))
+    steps.append(Step("update", 1, [], [[w.copy()]] + [[x.copy()] for x in g[1:]]))
     pulled = [w.copy() for _ in range(n)]
-    steps.append(Step("pull", 1, [Transfer(server, i, "weights", nb) for i in range(n)],
-                      [[p] for p in pulled] + [[w.copy()]]))
+    steps.append(Step("pull", 1, [Transfer(0, i, "weights", nb) for i in range(1, n)], [[p] for p in pulled]))
     sim = Simulation("parameter server", n, names, steps, pulled)
     sim.total = total
     return sim
-
-
-# --------------------------------------------------------------------------- cost formulas
-def ring_bytes_per_worker(n: int, nbytes: int) -> float:
-    """Bytes a worker sends (and receives) in a ring all-reduce: 2 (N-1)/N * S."""
-    return 2 * (n - 1) / n * nbytes
-
-
-def ps_bytes(n: int, nbytes: int) -> dict:
-    """Parameter server: each worker sends S and receives S; the server receives and sends N*S."""
-    return {"worker": nbytes, "server": n * nbytes}
 
 
 # --------------------------------------------------------------------------- drawings
@@ -191,12 +176,12 @@ def draw_ring(sim: Simulation, path=None):
 
 
 def draw_parameter_server(sim: Simulation, path=None):
-    """One panel per phase of a parameter-server round: workers in a row, the server above."""
+    """One panel per phase of a parameter-server round: the server (rank 0) above, the others below."""
     import matplotlib.pyplot as plt
     n = sim.n_workers
-    xs = np.linspace(0, 1, n)
-    pos = {i: (xs[i], 0.0) for i in range(n)}
-    pos[n] = (0.5, 1.0)
+    xs = np.linspace(0, 1, n - 1) if n > 2 else [0.5]
+    pos = {i: (xs[i - 1], 0.0) for i in range(1, n)}
+    pos[0] = (0.5, 1.0)
     steps = sim.steps[1:]
     fig, axes = plt.subplots(1, len(steps), figsize=(2.6 * len(steps), 2.4))
     for ax, st in zip(axes, steps):
@@ -205,48 +190,47 @@ def draw_parameter_server(sim: Simulation, path=None):
             ax.annotate("", (x1, y1 + (0.12 if y1 < y0 else -0.12)), (x0, y0 + (0.12 if y0 < y1 else -0.12)),
                         arrowprops=dict(arrowstyle="-|>", color="tab:red", lw=1.2))
         for node, (x, y) in pos.items():
-            busy = st.phase in ("aggregate", "update") and node == n
-            ax.scatter([x], [y], s=600, color="tab:orange" if node == n else "tab:blue",
+            busy = st.phase in ("aggregate", "update") and node == 0
+            ax.scatter([x], [y], s=900, color="tab:orange" if node == 0 else "tab:blue",
                        edgecolor="black" if busy else "none", linewidth=2)
             ax.text(x, y, sim.node_names[node], ha="center", va="center", color="white", fontsize=8)
         nbytes = sum(t.nbytes for t in st.transfers)
-        ax.set_title(f"{st.phase}" + (f"\n{nbytes} B over the server's link" if nbytes else "\n(on the server)"),
-                     fontsize=8)
+        where = "into" if st.phase == "push" else "out of"
+        ax.set_title(st.phase + (f"\n{nbytes} B {where} the server" if nbytes else "\n(on the server)"), fontsize=8)
         ax.set_xlim(-0.2, 1.2)
         ax.set_ylim(-0.3, 1.3)
         ax.axis("off")
-    fig.suptitle(f"parameter server, N={n} workers: every byte goes through one link", fontsize=9)
+    fig.suptitle(f"parameter server, N={n} ranks: every byte goes through the server's link", fontsize=9)
     fig.tight_layout()
     export(fig, path)  # images/ only when exporting on purpose (source_code/figures.py)
     return fig
 
 
 def traffic(ns, nbytes: int, itemsize: int = 4) -> list[dict]:
-    """Simulated bytes per worker and over the busiest link, ring vs parameter server, for each N."""
+    """Counted bytes of the ring and the parameter server for each N: {"n", "ring": counted,
+    "parameter_server": counted} (compare with ``costmodel.traffic``)."""
     rows = []
     rng = np.random.default_rng(0)
     for n in ns:
         grads = [rng.standard_normal(nbytes // itemsize) for _ in range(n)]
         ring = simulate_ring(grads, itemsize)
         ps = simulate_parameter_server(grads, np.zeros(nbytes // itemsize), itemsize=itemsize)
-        rows.append({"n": n, "ring_worker_sent": ring.worker_sent_bytes(),
-                     "ring_busiest_link": ring.busiest_link_bytes(),
-                     "ps_worker_sent": ps.worker_sent_bytes(),
-                     "ps_busiest_link": ps.busiest_link_bytes()})
+        rows.append({"n": n, "ring": ring.counted(), "parameter_server": ps.counted()})
     return rows
 
 
 def plot_traffic(rows, nbytes: int, path=None):
+    """Counted bytes per rank and through the busiest link (each direction), in units of M."""
     import matplotlib.pyplot as plt
     ns = [r["n"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, key, title in ((axes[0], "worker_sent", "bytes each worker sends"),
-                           (axes[1], "busiest_link", "bytes over the busiest link")):
-        ax.plot(ns, [r[f"ps_{key}"] / nbytes for r in rows], "o-", label="parameter server")
-        ax.plot(ns, [r[f"ring_{key}"] / nbytes for r in rows], "s-", label="ring all-reduce")
-        ax.set_xlabel("number of workers N")
-        ax.set_ylabel("x message size S")
-        ax.set_title(title + " (simulated)", fontsize=9)
+    for ax, key, title in ((axes[0], "rank_sent", "bytes a (non-server) rank sends"),
+                           (axes[1], "link_in", "bytes into the busiest link (= out)")):
+        ax.plot(ns, [r["parameter_server"][key] / nbytes for r in rows], "o-", label="parameter server")
+        ax.plot(ns, [r["ring"][key] / nbytes for r in rows], "s-", label="ring all-reduce")
+        ax.set_xlabel("number of processes N")
+        ax.set_ylabel("x buffer size M")
+        ax.set_title(title + " (counted)", fontsize=9)
         ax.grid(alpha=0.3)
     axes[1].legend()
     fig.tight_layout()
@@ -261,7 +245,7 @@ def main():
     print("ring result equals the sum:", all(np.array_equal(r, np.sum(grads, axis=0)) for r in ring.result))
     print("ring bytes sent per worker:", ring.sent().tolist())
     ps = simulate_parameter_server(grads, np.zeros(10))
-    print("parameter server bytes sent per node (W0..W3, PS):", ps.sent().tolist())
+    print("parameter server bytes sent per rank (W0 = server, W1..W3):", ps.sent().tolist())
 
 
 if __name__ == "__main__":
