@@ -22,7 +22,7 @@ def test_mesh_rows_are_tp_groups_and_owner_maps_tile_each_weight():
     assert wo["placements"] == ["Shard(dim=0)", "Shard(dim=1)"]
     for entry in (wq, wo):                # every element held by exactly one of the 4 ranks, a quarter each
         counts = [(entry["owners"] == r).sum().item() for r in range(4)]
-        assert counts == [entry["owners"].numel() // 4] * 4
+        assert counts == [entry["owners"].size // 4] * 4
         assert entry["local_shapes"] == [entry["local_shapes"][0]] * 4
     # tp rank 1 holds rows 32:48 of wq: the tp split is the outer one, dp cuts inside it
     assert layout.slices_of(wq["owners"], 1) == "rows 32:48, cols 0:64"

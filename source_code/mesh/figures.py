@@ -38,7 +38,7 @@ def draw_grid(ax, grid, dim_names) -> None:
 
 def draw_owners(ax, name: str, entry: dict, world: int) -> None:
     """Which rank holds each element of a 2-D parameter (its owner map)."""
-    owners = entry["owners"].numpy()
+    owners = np.asarray(entry["owners"])
     cmap = ListedColormap(RANK_COLORS[:world])
     ax.imshow(owners, cmap=cmap, vmin=-0.5, vmax=world - 0.5, aspect="auto", interpolation="nearest")
     ax.set_title(f"{name} {tuple(entry['shape'])}\n" + " x ".join(
@@ -55,5 +55,32 @@ def mesh_figure(info: dict, names=("layers.0.attn.wq.weight", "layers.0.attn.wo.
     draw_grid(axes[0], info["mesh"], info["dim_names"])
     for ax, name in zip(axes[1:], names):
         draw_owners(ax, name, info["params"][name], world)
+    fig.tight_layout()
+    return fig
+
+
+def memory_bars(rows: dict, limit_gb: dict):
+    """Stacked bars of bytes per GPU (GB) by term, one bar per plan; ``rows``: panel title ->
+    {plan label -> memory dict}; ``limit_gb``: panel title -> usable GB (a dashed line).
+    The axis ends at 1.8 x the usable memory; a taller bar is cut and its total written on it."""
+    terms = ("params", "grads", "optimizer", "activations", "buffers")
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:gray")
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.8), squeeze=False)
+    for ax, (title, plans) in zip(axes[0], rows.items()):
+        labels = list(plans)
+        bottom = np.zeros(len(labels))
+        for term, color in zip(terms, colors):
+            vals = np.array([plans[k][term] / 1e9 for k in labels])
+            ax.bar(range(len(labels)), vals, bottom=bottom, color=color, label=term)
+            bottom += vals
+        top = 1.8 * limit_gb[title]             # bars above it are cut: their total is written
+        ax.axhline(limit_gb[title], color="black", linestyle="--", linewidth=1)
+        for i, total in enumerate(bottom):
+            ax.text(i, min(total, top * 0.93), f"{total:.0f} GB", ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, top)
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("GB per GPU")
+        ax.set_title(title, fontsize=9)
+    axes[0][-1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig

@@ -39,7 +39,7 @@ def owner_map(p) -> torch.Tensor:
 
 def slices_of(owners: torch.Tensor, rank: int) -> str:
     """The rows:cols a rank holds in a 2-D owner map, e.g. "rows 32:48, cols 0:64"."""
-    rows, cols = (owners == rank).nonzero(as_tuple=True)
+    rows, cols = (torch.as_tensor(owners) == rank).nonzero(as_tuple=True)
     if rows.numel() == 0:
         return "nothing"
     return (f"rows {rows.min().item()}:{rows.max().item() + 1}, "
@@ -68,5 +68,8 @@ def describe(dp: int = 2, tp: int = 2, names=("layers.0.attn.wq.weight", "layers
         shapes = [None] * dist.get_world_size()
         dist.all_gather_object(shapes, tuple(p.to_local().shape))
         out["params"][name] = {"shape": tuple(p.shape), "placements": [repr(x) for x in p.placements],
-                               "local_shapes": shapes, "owners": owner_map(p)}
+                               "local_shapes": shapes,
+                               # numpy: pickled by value (a tensor would travel as a shared-memory
+                               # handle that dies with the process that made it)
+                               "owners": owner_map(p).numpy()}
     return out
