@@ -37,9 +37,12 @@ def pingpong_figure(results: list[dict], alpha: float, beta: float, path=None):
     return _save(fig, path)
 
 
-def sgd_figure(runs: dict, path=None):
-    """Full training loss against epochs (left) and against updates (right)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+def sgd_figure(runs: dict, path=None, time_runs: dict | None = None):
+    """Full training loss against epochs, against updates, and (with ``time_runs``, the runs
+    to plot against time) against seconds of update time."""
+    panels = 3 if time_runs else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4))
+    a, b = axes[0], axes[1]
     for name, h in runs.items():
         a.plot(h["epochs"], h["loss"], label=name)
         b.plot(h["updates"], h["loss"], label=name)
@@ -47,8 +50,15 @@ def sgd_figure(runs: dict, path=None):
           title="Same compute: loss per epoch")
     b.set(xlabel="updates (one gradient evaluation each)", xscale="symlog", yscale="log",
           title="Same number of updates")
+    if time_runs:
+        for name, h in time_runs.items():
+            axes[2].plot(1e3 * np.array(h["seconds"]), h["loss"], label=name)
+        axes[2].set(xlabel="milliseconds of updates (this machine)", xscale="symlog", yscale="log",
+                    title="Same time")
+        axes[2].legend(fontsize=8)
     a.legend(fontsize=8)
     b.legend(fontsize=8)
+    fig.tight_layout()
     return _save(fig, path)
 
 

@@ -19,6 +19,7 @@ small: every run is deterministic for a seed and takes a fraction of a second.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -184,16 +185,18 @@ def _train(batch_size, lr, epochs, warmup_steps, seed, evals_per_epoch, split):
     stride = max(1, steps_per_epoch // evals_per_epoch)
     g = torch.Generator().manual_seed(seed)
     w = init_weights().requires_grad_(True)
-    hist = {"updates": [0], "epochs": [0.0], "loss": [loss_fn(w, x, y).item()]}
-    step = 0
+    hist = {"updates": [0], "epochs": [0.0], "loss": [loss_fn(w, x, y).item()], "seconds": [0.0]}
+    step, busy = 0, 0.0  # busy: seconds spent in updates (the evaluations below are not counted)
     for epoch in range(epochs):
         perm = torch.randperm(n, generator=g)
         for i in range(steps_per_epoch):
+            t0 = time.perf_counter()
             idx = perm[i * batch_size:(i + 1) * batch_size]
             (grad,) = torch.autograd.grad(loss_fn(w, x[idx], y[idx]), w)
             step += 1
             with torch.no_grad():
                 w -= warmup_lr(step, lr, warmup_steps) * grad
+            busy += time.perf_counter() - t0
             if step <= 10 or (i + 1) % stride == 0 or i + 1 == steps_per_epoch:
                 with torch.no_grad():
                     loss = loss_fn(w, x, y).item()
@@ -203,9 +206,31 @@ def _train(batch_size, lr, epochs, warmup_steps, seed, evals_per_epoch, split):
                 hist["updates"].append(step)
                 hist["epochs"].append(step / steps_per_epoch)
                 hist["loss"].append(loss)
+                hist["seconds"].append(busy)
     hist.update(batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
                 steps_per_epoch=steps_per_epoch, final_loss=hist["loss"][-1])
     return hist
+
+
+def tune_lr(batch_size: int, epochs: int, lrs, seed: int = 0) -> dict:
+    """Train at every learning rate of ``lrs``; return the run with the lowest final loss (runs
+    that diverge are skipped), with ``tried`` = {lr: final loss or inf} added."""
+    runs, tried = {}, {}
+    for lr in lrs:
+        try:
+            runs[lr] = train(batch_size, lr, epochs, seed=seed)
+            tried[lr] = runs[lr]["final_loss"]
+        except FloatingPointError:
+            tried[lr] = math.inf
+    if not runs:
+        raise ValueError(f"every learning rate in {list(lrs)} diverged for batch {batch_size}")
+    best = min(runs, key=lambda lr: runs[lr]["final_loss"])
+    return {**runs[best], "tried": tried}
+
+
+def loss_at_seconds(hist: dict, seconds: float) -> float:
+    """The last recorded full training loss within ``seconds`` of update time."""
+    return [l for s, l in zip(hist["seconds"], hist["loss"]) if s <= seconds][-1]
 
 
 def lr_scaling_runs(base_batch: int = 16, base_lr: float = 0.4, k: int = 8, epochs: int = 6,
