@@ -124,16 +124,30 @@ def script_source(name: str) -> str:
     return inspect.getsource(importlib.import_module(SCRIPTS.get(name, name)))
 
 
+# the functions that hold each script's training (the rest: flags and process start-up)
+TRAINING_CODE = {
+    "plain DDP": ["train", "source_code.training.loop:train_epoch"],  # its loop lives in loop.py
+    "Lightning": ["make_module", "make_trainer", "train"],
+    "Accelerate": ["check_world", "train"],
+    "DeepSpeed": ["load_config", "skip_shm_comm_op", "train"],
+}
+
+
 def train_source(name: str) -> str:
-    """The ``train`` function of a script: where the frameworks differ from the plain loop."""
+    """The source of a script's training functions: where the frameworks differ from the plain loop."""
     import importlib
-    return inspect.getsource(importlib.import_module(SCRIPTS.get(name, name)).train)
+    parts = []
+    for fn in TRAINING_CODE[name]:
+        where, _, fn = fn.rpartition(":")
+        parts.append(inspect.getsource(getattr(importlib.import_module(where or SCRIPTS[name]), fn)))
+    return "\n".join(parts)
 
 
-def loop_diff(name: str) -> str:
-    """Unified diff of the plain script's train() against the framework's train()."""
+def loop_diff(name: str, context: int = 0) -> str:
+    """Unified diff of the plain script's train() against the framework's training functions."""
     a, b = train_source("plain DDP").splitlines(), train_source(name).splitlines()
-    return "\n".join(difflib.unified_diff(a, b, "ddp.py:train", f"{name}:train", n=0, lineterm=""))
+    return "\n".join(difflib.unified_diff(a, b, "training/ddp.py", SCRIPTS[name], n=context,
+                                           lineterm=""))
 
 
 def table(rows: list[dict]) -> str:

@@ -65,12 +65,18 @@ def judge(r: dict) -> str:
         f"the model reached only {r['accuracy']:.2f} held-out accuracy. Hint: zero the gradients, "
         "then forward, backward, step, for every batch")
     return (f"correct: {r['world_size']} processes with equal weights (max diff "
-            f"{r['weight_diff']:.1e}), {r['steps']} steps each of the {r['batches']} batches per "
-            f"{r['epochs']} epochs, held-out accuracy {r['accuracy']:.3f}")
+            f"{r['weight_diff']:.1e}), {r['steps']} steps each (the whole loader: {r['batches']} batches "
+            f"in {r['epochs']} epochs), held-out accuracy {r['accuracy']:.3f}")
 
 
 def check_accelerate_loop(fn) -> str:
     """Run ``fn`` on 2 processes under torchrun and judge it; prints and returns the verdict."""
+    try:  # an unfinished function stops at its TODO at once: no processes needed to say so
+        fn(None, None, None, None, 0)
+    except NotImplementedError:
+        raise NotImplementedError("exercise not done yet: fill in the TODOs, then run this cell again") from None
+    except Exception:  # a real attempt trips over the None arguments: run it for real
+        pass
     msg = judge(run_loops([fn])[0])
     print(msg)
     return msg
