@@ -60,6 +60,8 @@ def test_sp_collectives_match_the_design(per_rank):
         for phase in ("forward", "backward"):
             assert t[("all_gather", phase)] == (2 * L + 1, (2 * L + 1) * act)
             assert t[("reduce_scatter", phase)] == (2 * L, 2 * L * act)
+        wire = lambda mode: sum(c["wire"] for c in r[mode]["calls"] if c["tag"].startswith("block"))
+        assert wire("sp") == wire("tp")   # all-reduce = reduce-scatter + all-gather: same bytes sent
         n_params = 5 * L + 2
         assert t[("all_reduce", "backward")][0] == n_params
         assert ("all_reduce", "forward") not in t

@@ -47,7 +47,7 @@ SEQ_DIM = 1  # activations are (batch, sequence, features)
 # --------------------------------------------------------------------------- the ledger
 @dataclass
 class Ledger:
-    """Every collective issued while it is active: dicts with op, phase, bytes, tag."""
+    """Every collective issued while it is active: dicts with op, phase, bytes, wire, tag."""
     calls: list = field(default_factory=list)
 
     def count(self, op: str | None = None, phase: str | None = None) -> int:
@@ -81,10 +81,17 @@ def counting():
         _LEDGER = previous
 
 
+WIRE = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+        "reduce_scatter": lambda n: (n - 1) / n}  # bytes each rank sends (ring) / full tensor
+
+
 def _record(op: str, phase: str, tensor: torch.Tensor, tag: str) -> None:
+    """bytes: the full tensor (all-reduced, or gathered / scattered); wire: what each rank sends
+    with a ring algorithm, 2(n-1)/n of it for an all-reduce, (n-1)/n for its two halves."""
     if _LEDGER is not None:
-        _LEDGER.calls.append({"op": op, "phase": phase, "tag": tag,
-                              "bytes": tensor.numel() * tensor.element_size()})
+        size = tensor.numel() * tensor.element_size()
+        _LEDGER.calls.append({"op": op, "phase": phase, "tag": tag, "bytes": size,
+                              "wire": size * WIRE[op](dist.get_world_size())})
 
 
 # --------------------------------------------------------------------------- raw collectives

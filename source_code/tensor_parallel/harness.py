@@ -79,7 +79,15 @@ def parity(work: Workload, sequence_parallel: bool = False) -> dict:
     return {"rank": rank, "world": world, "sequence_parallel": sequence_parallel,
             "logits_diff": max_diff(logits, ref_logits), "loss_diff": max_diff(loss, ref_loss),
             "grad_diff": max(grads.values()), "grad_diffs": grads,
-            "calls": ledger.calls, "table": ledger.table(), "workload": asdict(work)}
+            "calls": ledger.calls, "table": ledger.table(), "workload": asdict(work),
+            "layout": layout(dense, tp)}
+
+
+def layout(dense: nn.Module, tp: nn.Module) -> dict:
+    """name -> (dense shape, owner) read from the sharded module: ("rows"|"columns", lo, hi),
+    or None for a parameter every rank holds whole."""
+    shapes = {n: tuple(p.shape) for n, p in dense.named_parameters()}
+    return {n: (shapes[n], getattr(p, "owner", None)) for n, p in tp.named_parameters()}
 
 
 def saved_bytes(model: nn.Module, tokens: torch.Tensor) -> dict:

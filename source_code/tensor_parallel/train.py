@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train --impl own
     torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train --impl dtensor --sequence-parallel
     torchrun --standalone --nproc-per-node=4 -m source_code.tensor_parallel.train --dim 128 --heads 8
-    TRAIN_MODULE=source_code.tensor_parallel.train sbatch slurm/ddp_multinode.slurm --impl own   # keep TP inside a node
+    TRAIN_MODULE=source_code.tensor_parallel.train sbatch slurm/ddp_single_node.slurm --impl own   # TP inside one node
 
 --impl own: the hand-built layers of model.py (column/row-parallel, our collectives);
 --impl dtensor: ``parallelize_module`` with ColwiseParallel/RowwiseParallel (dtensor.py).
