@@ -1,0 +1,121 @@
+"""A hang made on purpose, and caught: one rank skips an all-reduce; a short timeout reports it.
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang --timeout 5
+    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang
+    torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang --fixed     # no hang
+
+The loop below is the bug: at step ``--skip-at`` rank 1 has no data and ``continue``s past the
+all-reduce that rank 0 makes. Every later all-reduce of rank 0 pairs with the NEXT one of rank 1
+(same shapes: nothing notices), until rank 0's last all-reduce has no partner and waits, while
+rank 1 waits in the barrier. Without a timeout that wait lasts 30 minutes (gloo's default; NCCL's
+is 10): here ``--timeout`` seconds, then each rank reports, dumps its flight recorder
+(TORCH_FR_BUFFER_SIZE), and rank 0 compares the dumps. The process exits 0 when the drill went
+as designed (the summary says hang_detected=1); a real job would stop with an error there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from source_code.cli import Parser, nonnegative_int, positive_float, positive_int, writable_path
+from source_code.distributed import cleanup, run_main, setup
+from source_code.profiling import flight_recorder
+
+LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang"
+
+
+def training_loop(steps: int, skip_at: int, fixed: bool, numel: int = 1000) -> int:
+    """The gradient all-reduce of a data-parallel loop; returns how many this rank made."""
+    rank, made = dist.get_rank(), 0
+    for step in range(steps):
+        n_local = 0 if (rank == 1 and step == skip_at) else 16  # rank 1's shard ran out here
+        grad = torch.ones(numel) * n_local
+        if n_local == 0 and not fixed:
+            continue                 # BUG: the other ranks all-reduce without this one
+        dist.all_reduce(grad)        # fixed: join with a zero gradient (weights by n_local)
+        made += 1
+    dist.barrier()                   # end of the epoch: everyone meets here
+    return made
+
+
+def clean(message: str) -> str:
+    """The error's first line without the C++ source location and tensor-option noise."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    first = re.sub(r"\[[^\]]*\.(cc|cpp):\d+\]\s*", "", first)
+    first = re.sub(r", TensorDeviceTypes=TensorOptions\(.*?\(nullopt\)\)", "", first)
+    return first.split("Collectives differ in the following aspects")[0].strip()
+
+
+def drill(args) -> dict:
+    ctx = setup(launch_hint=LAUNCH, timeout_s=args.timeout)
+    start = time.perf_counter()
+    out = {"rank": ctx.rank, "world_size": ctx.world_size, "debug": os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")}
+    try:
+        out["made"] = training_loop(args.steps, args.skip_at, args.fixed)
+        out["hang"] = False
+    except Exception as exc:  # DistBackendError / RuntimeError: timeout or detected mismatch
+        out.update(hang=True, error=clean(str(exc)), error_type=type(exc).__name__)
+    out["seconds"] = time.perf_counter() - start
+    fr = flight_recorder.dump()
+    Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+    if fr is not None:
+        (Path(args.trace_dir) / f"fr_rank{ctx.rank}.json").write_text(json.dumps(fr))
+    cleanup(barrier=not out["hang"])  # a broken group: no barrier, just tear it down
+    return out
+
+
+def gather_dumps(trace_dir: str, world: int, wait_s: float) -> dict[int, dict]:
+    """Rank 0 reads every rank's dump file (the group is broken: files are the way)."""
+    deadline = time.monotonic() + wait_s
+    paths = {r: Path(trace_dir) / f"fr_rank{r}.json" for r in range(world)}
+    while not all(p.exists() for p in paths.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)  # let the last writer finish
+    return {r: json.loads(p.read_text()) for r, p in paths.items() if p.exists()}
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="process-group timeout in seconds")
+    p.add_argument("--steps", type=positive_int, default=6)
+    p.add_argument("--skip-at", type=nonnegative_int, default=2, help="the step where rank 1 skips")
+    p.add_argument("--fixed", action="store_true", help="run the repaired loop")
+    p.add_argument("--trace-dir", type=writable_path, default="traces", help="flight-recorder dumps")
+    args = p.parse_args(argv)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "200")  # before the group starts
+    torch.set_num_threads(1)
+    for stale in Path(args.trace_dir).glob("fr_rank*.json"):
+        if os.environ.get("RANK", "0") == "0":
+            stale.unlink(missing_ok=True)
+    r = drill(args)
+    if r["hang"]:  # every rank says what it saw, in one write
+        print(f"[rank {r['rank']}] stopped after {r['seconds']:.1f} s ({r['error_type']}): {r['error']}", flush=True)
+    if r["rank"] != 0:
+        return 0
+    dumps = gather_dumps(args.trace_dir, r["world_size"], args.timeout + 10) if r["hang"] else {}
+    if r["hang"]:
+        if "mismatch" in r["error"]:
+            print(f"hang detected: TORCH_DISTRIBUTED_DEBUG={r['debug']} compared the ranks' next "
+                  "collectives before running them, and they differ")
+        else:
+            print(f"hang detected: a collective did not complete within {args.timeout:g} s "
+                  f"(TORCH_DISTRIBUTED_DEBUG={r['debug']})")
+        print("flight recorder:" if dumps else f"flight recorder: {flight_recorder.unavailable_reason()}")
+        if dumps:
+            print(flight_recorder.report(dumps))
+    else:
+        print(f"no hang: rank 0 made {r['made']} all-reduces in {r['seconds']:.1f} s")
+    mm = flight_recorder.first_mismatch(dumps) if dumps else None
+    print(f"summary: world_size={r['world_size']} hang_detected={int(r['hang'])} "
+          f"seconds={r['seconds']:.1f} mismatch_at={mm['index'] if mm else 0}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,90 @@
+"""Strong and weak scaling: samples/s for 1, 2, ... processes and the efficiency against ideal.
+
+    python -m source_code.profiling.scaling                  # 1 and 2 processes (this laptop)
+    python -m source_code.profiling.scaling --procs 1,2,4,8  # a GPU node: one process per GPU
+
+* strong scaling: the GLOBAL batch stays fixed; n processes should finish a step n times faster.
+  efficiency = t_1 / (n * t_n) = thr_n / (n * thr_1)
+* weak scaling: the batch PER PROCESS stays fixed; n processes do n times the work per step in
+  the same time. efficiency = t_1 / t_n = thr_n / (n * thr_1)
+(t: time per step, thr: samples/s.) In samples/s both read the same; what differs is the work.
+"""
+from __future__ import annotations
+
+from source_code import processes
+from source_code.cli import Parser, positive_int
+from source_code.errors import LaunchError, run_main
+from source_code.training.loop import parse_summary
+
+
+def strong_efficiency(t_1: float, t_n: float, n: int) -> float:
+    """Fixed global batch: step time t_1 on one process, t_n on n processes."""
+    return t_1 / (n * t_n)
+
+
+def weak_efficiency(t_1: float, t_n: float) -> float:
+    """Fixed batch per process: step time t_1 on one process, t_n on n (n times the work)."""
+    return t_1 / t_n
+
+
+def throughput_efficiency(thr_1: float, thr_n: float, n: int) -> float:
+    """Either kind from samples/s: the share of n x the one-process throughput reached."""
+    return thr_n / (n * thr_1)
+
+
+def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=()) -> dict:
+    """Launch throughput.py for every process count, strong (global batch ``batch``) and weak
+    (``batch`` per process); returns {"strong": {n: summary}, "weak": {n: summary}}."""
+    out: dict[str, dict[int, dict]] = {"strong": {}, "weak": {}}
+    for n in procs:
+        for kind, flag in (("weak", "--per-rank-batch"), ("strong", "--global-batch")):
+            if n == 1 and kind == "strong":
+                continue  # one process: strong and weak are the same run
+            if kind == "strong" and batch % n:
+                raise LaunchError(f"error: batch {batch} does not divide among {n} processes")
+            res = processes.torchrun("source_code.profiling.throughput", flag, batch, "--steps", steps,
+                                     "--quiet", *extra, nproc=n, timeout=300)
+            out[kind][n] = parse_summary(res.stdout)
+    out["strong"][procs[0]] = out["weak"][procs[0]]
+    return out
+
+
+def efficiencies(result: dict) -> dict:
+    """{"strong": {n: efficiency}, "weak": {n: efficiency}} against the smallest run (n = 1)."""
+    eff = {}
+    for kind, by_n in result.items():
+        n1 = min(by_n)
+        eff[kind] = {n: throughput_efficiency(by_n[n1]["samples_per_s"], s["samples_per_s"], n // n1)
+                     for n, s in sorted(by_n.items())}
+    return eff
+
+
+def table(result: dict) -> str:
+    eff = efficiencies(result)
+    lines = [f"{'scaling':8s} {'procs':>5s} {'global batch':>12s} {'samples/s':>10s} {'efficiency':>10s}"]
+    for kind in ("strong", "weak"):
+        for n, s in sorted(result[kind].items()):
+            lines.append(f"{kind:8s} {n:5d} {s['global_batch']:12d} {s['samples_per_s']:10.0f} "
+                         f"{eff[kind][n]:10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--procs", default="1,2", help="comma-separated process counts, starting at 1")
+    p.add_argument("--batch", type=positive_int, default=64,
+                   help="global batch (strong) and per-process batch (weak)")
+    p.add_argument("--steps", type=positive_int, default=20)
+    args = p.parse_args(argv)
+    try:
+        procs = tuple(int(x) for x in args.procs.split(","))
+    except ValueError:
+        raise LaunchError(f"error: --procs {args.procs!r}: give counts like 1,2,4") from None
+    if not procs or procs[0] != 1 or any(n < 1 for n in procs):
+        raise LaunchError("error: --procs must start with 1 (the baseline), e.g. --procs 1,2,4")
+    print(table(run(procs, args.batch, args.steps)))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,117 @@
+"""Profiling helpers without processes: operator classification, trace reading, FLOP counts,
+scaling efficiency, the flight-recorder comparison, the monitor."""
+import io
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from source_code import models
+from source_code.profiling import classify, flight_recorder, mfu, monitor, scaling
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("gloo:all_reduce", "communication"), ("c10d::allreduce_", "communication"),
+    ("nccl:all_reduce", "communication"), ("record_param_comms", "communication"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication"), ("gloo:barrier", "communication"),
+    ("aten::mm", "computation"), ("aten::convolution_backward", "computation"),
+    ("ProfilerStep#3", "annotation"), ("ProfilerStep*", "annotation"),
+    ("DistributedDataParallel.forward", "annotation"), ("Optimizer.step#SGD.step", "annotation"),
+])
+def test_kind_of(name, kind):
+    assert classify.kind_of(name) == kind
+
+
+def test_merge_and_trace_intervals():
+    assert classify.merge([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 5, "dur": 10},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": 12, "dur": 8},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 20},
+        {"ph": "X", "cat": "python_function", "name": "forward", "ts": 0, "dur": 30}]}
+    got = classify.intervals(trace)
+    assert got == {"computation": [(0, 15)], "communication": [(12, 20)]}
+    assert classify.step_windows(trace) == [(0, 20)]
+
+
+def test_matmul_count_by_hand():
+    # L=2, d=64, V=32: weights 2 * (4 + 8) * 64^2 + 64 * 32 = 100352; B=4, T=16: 64 tokens
+    assert mfu.matmul_weights(2, 64, 32) == 100_352
+    # 6 * 100352 * 64 + 12 * L * B * T^2 * d = 38,535,168 + 1,572,864
+    assert mfu.transformer_flops(2, 64, 32, 4, 16) == 40_108_032
+
+
+def test_weight_flops_equal_torch_flop_counter():
+    """torch's FlopCounterMode counts the weight matmuls of forward + backward exactly as 6 N (B T)
+    (the attention kernel is not in its table on CPU: that term is the formula's own)."""
+    torch.manual_seed(0)
+    L, d, V, B, T = 3, 96, 50, 2, 32
+    model = models.TransformerLM(vocab_size=V, dim=d, n_layers=L, n_heads=3, max_len=T)
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, V, (B, T))).sum().backward()
+    weights = mfu.transformer_flops(L, d, V, B, T) - 12 * L * B * T * T * d
+    assert counter.get_total_flops() == weights == 6 * mfu.matmul_weights(L, d, V) * B * T
+
+
+def test_mfu_measure_small():
+    r = mfu.measure(dim=64, layers=1, seq=16, batch=2, vocab=32, steps=2)
+    assert r["flops_per_step"] == mfu.transformer_flops(1, 64, 32, 2, 16)
+    assert 0 < r["mfu"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
+
+
+def test_scaling_efficiency_formulas():
+    # strong: one process 100 ms per step, two 60 ms for the same global batch
+    assert scaling.strong_efficiency(0.100, 0.060, 2) == pytest.approx(100 / 120)
+    # weak: two processes do twice the work in 125 ms instead of 100 ms
+    assert scaling.weak_efficiency(0.100, 0.125) == pytest.approx(0.8)
+    assert scaling.throughput_efficiency(1000, 1600, 2) == pytest.approx(0.8)
+    result = {"strong": {1: {"samples_per_s": 1000.0}, 2: {"samples_per_s": 1500.0}},
+              "weak": {1: {"samples_per_s": 1000.0}, 2: {"samples_per_s": 1800.0}}}
+    assert scaling.efficiencies(result) == {"strong": {1: 1.0, 2: 0.75}, "weak": {1: 1.0, 2: 0.9}}
+
+
+def _entry(seq, name, sizes):
+    return {"pg_id": 0, "collective_seq_id": seq, "profiling_name": name, "input_sizes": sizes,
+            "input_dtypes": ["Float"]}
+
+
+def test_flight_recorder_names_the_first_mismatch():
+    r0 = {"entries": [_entry(i, "gloo:all_reduce", [[1000]]) for i in (1, 2, 3)]}
+    r1 = {"entries": [_entry(1, "gloo:all_reduce", [[1000]]), _entry(2, "gloo:all_reduce", [[1000]]),
+                      _entry(3, "gloo:barrier", [])]}
+    mm = flight_recorder.first_mismatch({0: r0, 1: r1})
+    assert mm["index"] == 3
+    assert "gloo:all_reduce [1000]" in mm["per_rank"][0] and "gloo:barrier" in mm["per_rank"][1]
+    assert flight_recorder.first_mismatch({0: r0, 1: json.loads(json.dumps(r0))}) is None
+    short = {"entries": r0["entries"][:2]}
+    assert flight_recorder.first_mismatch({0: r0, 1: short})["per_rank"][1].startswith("nothing")
+
+
+def test_gpu_utilisation_without_and_with_a_tool(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert monitor.gpu_utilisation().startswith("not available here")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '0, NVIDIA H100 80GB HBM3, 97, 61234, 81559'\n")
+    fake.chmod(0o755)
+    assert monitor.gpu_utilisation() == "GPU 0 (NVIDIA H100 80GB HBM3): 97 % busy, 61234 / 81559 MiB"
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    plain, tty = io.StringIO(), _Tty()
+    for stream in (plain, tty):
+        p = monitor.Progress(4, every=2, stream=stream)
+        for step in range(1, 5):
+            p.update(step, 10 * step)
+        p.close()
+    assert "[" not in plain.getvalue() and plain.getvalue().count("\n") == 2  # steps 2 and 4
+    assert "\r[" in tty.getvalue() and "#" * 30 in tty.getvalue()
+    silent = io.StringIO()
+    monitor.Progress(4, enabled=False, stream=silent).update(4, 40)
+    assert silent.getvalue() == ""
