@@ -3,6 +3,7 @@
     make gpu-smoke                          # with the project's venv
     PYTHON=python3 make gpu-smoke           # with a machine's own python3 (torch >= 2.6, no venv)
     python -m source_code.gpu_smoke --device cpu --only policy,mixed   # the harness itself, on CPU
+    python -m source_code.gpu_smoke --only mfu --mfu-dim 4096 --mfu-layers 4 --mfu-seq 4096 --mfu-batch 4
 
 Needs torch, torchvision, scikit-learn and matplotlib; nothing is downloaded. With one GPU
 the checks that need NCCL between several ranks say "skipped: needs 2 GPUs": a one-GPU
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from source_code import device_policy, models
-from source_code.cli import Parser
+from source_code.cli import Parser, positive_int
 from source_code.errors import run_main
 from source_code.processes import ProcessesFailed, rank_lines, spawn, torchrun
 from source_code.training.loop import parse_summary
@@ -165,10 +166,25 @@ def check_memory(device: str) -> str:
             f"allocated; peak after one backward {peak / 2**20:.2f} MiB")
 
 
+# the shape check_mfu measures; main() sets it from --mfu-dim, --mfu-layers, --mfu-seq, --mfu-batch
+MFU_SHAPE = {"dim": 2048, "layers": 8, "seq": 2048, "batch": 8, "vocab": 32768}
+
+
+def check_mfu(device: str) -> str:
+    """Model FLOPs utilisation of a GPU-sized TransformerLM step, bf16 autocast + torch.compile,
+    against the bf16 matmul peak measured in the same run (goal on one H100: >= 40 %)."""
+    if device != "cuda":
+        raise Skip("MFU with bf16 autocast and torch.compile: needs a GPU")
+    from source_code.profiling import mfu
+    r = mfu.measure(**MFU_SHAPE, device="cuda", bf16=True, compile=True, steps=10)
+    assert 0 < r["mfu"] < 1.05, f"MFU {r['mfu']:.3f} outside (0, 1]: a wrong FLOP count or timing"
+    return f"{mfu.describe(r)} ({'meets' if r['mfu'] >= 0.40 else 'below'} the 40 % goal)"
+
+
 CHECKS = {"policy": check_policy, "mixed": check_mixed, "nccl_multi": check_nccl_multi,
           "main_job": check_main_job, "resume": check_resume, "main_job_multi": check_main_job_multi,
           "fallback": check_fallback, "parity": check_parity, "sync": check_sync, "ring": check_ring,
-          "dataparallel": check_dataparallel, "memory": check_memory}
+          "dataparallel": check_dataparallel, "memory": check_memory, "mfu": check_mfu}
 
 
 def main(argv=None) -> int:
@@ -176,7 +192,11 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: cuda where a GPU is visible; cpu runs the harness without a GPU")
     p.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(CHECKS)}")
+    for key in ("dim", "layers", "seq", "batch"):
+        p.add_argument(f"--mfu-{key}", type=positive_int, default=MFU_SHAPE[key],
+                       help=f"the mfu check's TransformerLM {key} (default {MFU_SHAPE[key]})")
     args = p.parse_args(argv)
+    MFU_SHAPE.update({k: getattr(args, f"mfu_{k}") for k in ("dim", "layers", "seq", "batch")})
     only = [c for c in args.only.split(",") if c] or list(CHECKS)
     unknown = sorted(set(only) - set(CHECKS))
     if unknown:

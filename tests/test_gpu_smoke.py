@@ -21,11 +21,13 @@ def test_without_a_gpu_the_smoke_says_so_and_succeeds():
 
 
 def test_the_harness_runs_its_checks_on_the_cpu():
-    res = _smoke("--device", "cpu", "--only", "policy,mixed,nccl_multi,memory")
+    res = _smoke("--device", "cpu", "--only", "policy,mixed,nccl_multi,memory,mfu", "--mfu-dim", "512")
     assert res.returncode == 0, res.stdout + res.stderr
     lines = {ln.split()[1]: ln.split()[0] for ln in res.stdout.splitlines()[1:-1]}
-    assert lines == {"policy": "ok", "mixed": "ok", "nccl_multi": "skipped", "memory": "skipped"}, res.stdout
+    assert lines == {"policy": "ok", "mixed": "ok", "nccl_multi": "skipped", "memory": "skipped",
+                     "mfu": "skipped"}, res.stdout
     assert "needs 2 GPUs" in res.stdout
+    assert "MFU with bf16 autocast and torch.compile: needs a GPU" in res.stdout
 
 
 def test_unknown_check_is_one_line():
