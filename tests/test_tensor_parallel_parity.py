@@ -28,7 +28,7 @@ def per_rank(request):
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("mode", ["tp", "sp"])
+@pytest.mark.parametrize("mode", ["tp", "sp", "vp", "sp_vp"])
 def test_outputs_and_gradients_equal_dense(per_rank, mode):
     for r in per_rank:
         res = r[mode]
@@ -65,6 +65,17 @@ def test_sp_collectives_match_the_design(per_rank):
         n_params = 5 * L + 2
         assert t[("all_reduce", "backward")][0] == n_params
         assert ("all_reduce", "forward") not in t
+
+
+@pytest.mark.parity
+def test_vocab_parallel_collectives(per_rank):
+    """Vocabulary-parallel embedding and loss: + 1 all-reduce forward (the embedding's sum) + 3
+    small ones (max, sum of exp, target logit, of b x t numbers) + 1 backward (the head's input)."""
+    L, act = WORK.layers, WORK.batch * WORK.seq * WORK.dim * 4
+    for r in per_rank:
+        t = r["vp"]["table"]
+        assert t[("all_reduce", "forward")] == (2 * L + 4, (2 * L + 1) * act + 3 * WORK.batch * WORK.seq * 4)
+        assert t[("all_reduce", "backward")] == (2 * L + 1, (2 * L + 1) * act)
 
 
 @pytest.mark.parity

@@ -95,11 +95,12 @@ def _record(op: str, phase: str, tensor: torch.Tensor, tag: str) -> None:
 
 
 # --------------------------------------------------------------------------- raw collectives
-def all_reduce(x: torch.Tensor, phase: str, tag: str = "", group=None) -> torch.Tensor:
-    """Sum over the TP ranks; bytes recorded = the tensor each rank contributes."""
+def all_reduce(x: torch.Tensor, phase: str, tag: str = "", group=None,
+               op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """Sum (or ``op``) over the TP ranks, out of place; bytes recorded = the tensor of one rank."""
     x = x.contiguous().clone()
     _record("all_reduce", phase, x, tag)
-    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(x, op=op, group=group)
     return x
 
 

@@ -60,8 +60,9 @@ def grad_diffs(dense: nn.Module, tp: nn.Module) -> dict:
             for name, p in tp.named_parameters()}
 
 
-def parity(work: Workload, sequence_parallel: bool = False) -> dict:
-    """Run on every rank of a group: dense vs TP, one forward and backward."""
+def parity(work: Workload, sequence_parallel: bool = False, vocab_parallel: bool = False) -> dict:
+    """Run on every rank of a group: dense vs TP, one forward and backward. With
+    ``vocab_parallel`` the logits of my slice of the vocabulary are compared."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dense = work.model()
     x, y = work.batch_tensors()
@@ -69,13 +70,15 @@ def parity(work: Workload, sequence_parallel: bool = False) -> dict:
     ref_loss = lm_loss(ref_logits, y)
     ref_loss.backward()
 
-    tp = TPTransformerLM(dense, rank, world, sequence_parallel)
+    tp = TPTransformerLM(dense, rank, world, sequence_parallel, vocab_parallel)
     with comm.counting() as ledger:
         logits = tp(x)
-        loss = lm_loss(logits, y)
+        loss = tp.loss(logits, y)
         loss.backward()
         tp.sync_sp_grads()
     grads = grad_diffs(dense, tp)
+    if vocab_parallel:
+        ref_logits = dense_slice(ref_logits.transpose(0, -1), tp.head.weight).transpose(0, -1)
     return {"rank": rank, "world": world, "sequence_parallel": sequence_parallel,
             "logits_diff": max_diff(logits, ref_logits), "loss_diff": max_diff(loss, ref_loss),
             "grad_diff": max(grads.values()), "grad_diffs": grads,
@@ -134,4 +137,5 @@ def activation_bytes(work: Workload) -> dict:
 def report(work: Workload) -> dict:
     """Run on every rank: parity and ledger of plain TP and of TP + SP, and saved-activation bytes
     (one spawn for the tests and the notebook)."""
-    return {"tp": parity(work, False), "sp": parity(work, True), "activations": activation_bytes(work)}
+    return {"tp": parity(work, False), "sp": parity(work, True), "activations": activation_bytes(work),
+            "vp": parity(work, False, True), "sp_vp": parity(work, True, True)}

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from source_code import models
 from source_code.tensor_parallel import comm
 from source_code.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from source_code.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
 def _replicate(module: nn.Module) -> nn.Module:
@@ -87,31 +88,51 @@ class TPTransformerLM(nn.Module):
     """Same forward as models.TransformerLM, blocks tensor-parallel over the default group."""
 
     def __init__(self, dense: models.TransformerLM, rank: int, world: int,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, vocab_parallel: bool = False):
         super().__init__()
         self.sequence_parallel = sp = sequence_parallel
+        self.vocab_parallel = vocab_parallel
         self.tok, self.pos = _replicate(dense.tok), _replicate(dense.pos)
+        if vocab_parallel:  # token table and head split over the vocabulary (vocab.py)
+            self.tok = VocabParallelEmbedding(dense.tok, rank, world, sp)
         self.layers = nn.ModuleList(TPBlock(b, rank, world, sp, tag=f"block{i}")
                                     for i, b in enumerate(dense.layers))
         self.norm, self.head = _replicate(dense.norm), _replicate(dense.head)
+        if vocab_parallel:
+            self.head = ColumnParallelLinear(dense.head, rank, world, sp, "head")
         self.world = world
         if sp:
             for p in self.norm.parameters():
                 p.sp_partial_grad = True
+            if vocab_parallel:  # the position table saw t/n positions per rank
+                self.pos.weight.sp_partial_grad = True
 
     def forward(self, tokens):                   # tokens: (b, t), the same on every rank
         t = tokens.shape[1]
         if self.sequence_parallel and t % self.world:
             raise ValueError(f"sequence length {t} does not split over {self.world} ranks")
-        x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))   # (b, t, d)
-        if self.sequence_parallel:
-            x = comm.scatter_to_sp(x, "embed")        # (b, t/n, d); backward: all-gather
+        pos = self.pos(torch.arange(t, device=tokens.device))                    # (t, d)
+        if self.vocab_parallel:   # the embedding's sum over ranks (or its reduce-scatter) is the border
+            x = self.tok(tokens)                                                  # (b, t or t/n, d)
+            x = x + (comm.my_slice_seq(pos.unsqueeze(0)) if self.sequence_parallel else pos)
+        else:
+            x = self.tok(tokens) + pos                                            # (b, t, d)
+            if self.sequence_parallel:
+                x = comm.scatter_to_sp(x, "embed")    # (b, t/n, d); backward: all-gather
         for layer in self.layers:
             x = layer(x)
         x = self.norm(x)
+        if self.vocab_parallel:
+            return self.head(x)                        # (b, t, vocab/n): my tokens' logits
         if self.sequence_parallel:
             x = comm.gather_to_full(x, "head")         # (b, t, d); backward: my slice
         return self.head(x)                            # (b, t, vocab) on every rank
+
+    def loss(self, logits, targets):
+        """Mean next-token cross-entropy (-100 ignored), from full or vocabulary-split logits."""
+        if self.vocab_parallel:
+            return vocab_parallel_cross_entropy(logits, targets, self.head.weight.owner[1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
     def sync_sp_grads(self) -> None:
         """After backward, with sequence parallelism: sum the grads of the t/n-token parameters."""
