@@ -106,6 +106,7 @@ BAD_FLAGS = [
     (["--workers", "-2"], "argument --workers: -2 is not a count >= 0"),
     (["--checkpoint", "/proc/no-such-dir/snap.pt"], "argument --checkpoint: cannot write to /proc/no-such-dir"),
     (["--resume"], "--resume needs --checkpoint PATH"),
+    (["--snapshot-every", "5"], "--snapshot-every needs --checkpoint PATH"),
     (["--model", "vgg"], "unknown model 'vgg'; choose one of smallcnn, resnet18, transformer"),
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'; choose one of digits"),
     (["--epochs"], "argument --epochs: expected one argument"),

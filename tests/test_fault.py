@@ -2,6 +2,8 @@
 restart with another number of processes. All on the main job, source_code.training.ddp."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -43,6 +45,25 @@ def test_killed_rank_resumes_and_ends_bit_for_bit_equal(tmp_path, uninterrupted)
         assert torch.equal(got["model"][name], tensor), name
     for a, b in zip(got["optimizer"]["state"].values(), want["optimizer"]["state"].values()):
         assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+
+
+def test_mid_epoch_snapshots_resume_inside_the_epoch_bit_for_bit(tmp_path, uninterrupted):
+    # snapshots every 2 steps: the kill after global step 9 (step 3 of epoch 2) loses one step,
+    # and the restart skips the 2 steps of epoch 2 the snapshot already holds
+    path = tmp_path / "snap.pt"
+    res = torchrun(JOB, *ARGS, "--checkpoint", path, "--resume", "--snapshot-every", "2",
+                   "--crash-at-step", "9", extra=["--max-restarts=1"],
+                   env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    out = res.stdout
+    assert "rank 1: simulated failure after global step 9 (SIGKILL)" in out
+    assert f"resumed from {path} after epoch 1, step 2 of epoch 2" in out
+    got, want = _weights(path), _weights(uninterrupted[0])
+    assert got["epoch"] == 3 and got["extra"] == {}  # the last snapshot is the end of epoch 3
+    for name, tensor in want["model"].items():
+        assert torch.equal(got["model"][name], tensor), name
+    # the printed epoch losses are those of the uninterrupted run (each rank's running sum kept)
+    losses = lambda text: re.findall(r"epoch\s+(\d+)/3\s+loss (\S+)", text)
+    assert losses(out)[-2:] == losses(uninterrupted[1])[-2:]
 
 
 def test_kill_during_checkpoint_write_leaves_previous_snapshot_loadable(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -37,15 +38,21 @@ def train(ctx, args) -> dict:
     test_loader = DataLoader(data.load(args.dataset, "test", args.data_dir), batch_size=256)
 
     model, opt = loop.build(args, ctx.device)
-    start_epoch = 0
+    start_epoch, skip, loss_sum = 0, 0, 0.0
     if args.resume and os.path.exists(args.checkpoint):
-        start_epoch = checkpoint.load_snapshot(args.checkpoint, model, opt)["epoch"]
-        print0(f"resumed from {args.checkpoint} after epoch {start_epoch}")
+        snap = checkpoint.load_snapshot(args.checkpoint, model, opt)
+        start_epoch = snap["epoch"]
+        # a mid-epoch snapshot (--snapshot-every) also knows how far into the epoch it was
+        skip = snap["extra"].get("step_in_epoch", 0)
+        sums = snap["extra"].get("loss_sums", [])
+        loss_sum = sums[ctx.rank] if len(sums) == ctx.world_size else sum(sums) / max(len(sums), 1)
+        print0(f"resumed from {args.checkpoint} after epoch {start_epoch}"
+               + (f", step {skip} of epoch {start_epoch + 1}" if skip else ""))
     elif args.resume:  # first attempt of a restartable job: nothing to resume yet
         print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
     # fault drill (--crash-at-step): rank 1 SIGKILLs itself on the first attempt only
     faults.arm_crash(opt, args.crash_at_step, ctx.rank, ctx.world_size,
-                     start_epoch * faults.steps_per_epoch(loader, args.max_steps))
+                     start_epoch * faults.steps_per_epoch(loader, args.max_steps) + skip)
     # (4) wrap the model: gradients are averaged across ranks during backward()
     model = DDP(model, device_ids=ctx.device_ids)
 
@@ -55,7 +62,16 @@ def train(ctx, args) -> dict:
            f"{ctx.backend} on {ctx.device.type}")
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # (5) a new shuffle every epoch, identical on all ranks
-        local_loss, steps = loop.train_epoch(model, loader, opt, ctx.device, args.max_steps)
+
+        def snapshot_mid_epoch(step, loss_so_far, epoch=epoch):  # collective: every rank calls it
+            sums = [None] * ctx.world_size  # each rank's running loss, for the epoch's mean
+            dist.all_gather_object(sums, loss_so_far)
+            checkpoint.save_snapshot(args.checkpoint, model, opt, epoch,
+                                     extra={"step_in_epoch": step, "loss_sums": sums})
+        local_loss, steps = loop.train_epoch(model, loader, opt, ctx.device, args.max_steps,
+                                             skip=skip, loss_sum=loss_sum, every=args.snapshot_every,
+                                             on_step=snapshot_mid_epoch)
+        skip, loss_sum = 0, 0.0  # only the first resumed epoch starts in the middle
         # for reporting only: each rank saw a different shard, all_reduce(AVG) gives the mean
         loss = all_reduce_mean(local_loss)
         if ctx.is_main:  # (6) rank 0 evaluates, prints and saves

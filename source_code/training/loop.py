@@ -35,7 +35,9 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="DataLoader worker processes per rank (default: 4 for image "
                         "datasets on a GPU, else 0: the embedded data is already in memory)")
     p.add_argument("--checkpoint", type=writable_path, default="",
-                   help="snapshot path, written after every epoch")
+                   help="snapshot path, written after every epoch (and see --snapshot-every)")
+    p.add_argument("--snapshot-every", type=nonnegative_int, default=0,
+                   help="also snapshot every K steps inside an epoch (0: only at epoch ends)")
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint if it exists (else start fresh and say so)")
     return p
@@ -45,6 +47,8 @@ def check_args(args) -> None:
     """What the flag types cannot see alone; run before the process group forms."""
     if args.resume and not args.checkpoint:
         raise LaunchError("error: --resume needs --checkpoint PATH (the snapshot to continue from)")
+    if getattr(args, "snapshot_every", 0) and not args.checkpoint:
+        raise LaunchError("error: --snapshot-every needs --checkpoint PATH (where to write them)")
     models.check_name(args.model)
     data.check_name(args.dataset)
 
@@ -82,19 +86,30 @@ def build(args, device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-def train_epoch(model, loader, optimizer, device, max_steps: int = 0) -> tuple[float, int]:
-    """One pass over ``loader``; returns (mean loss of this process, number of steps)."""
+def train_epoch(model, loader, optimizer, device, max_steps: int = 0, skip: int = 0,
+                loss_sum: float = 0.0, every: int = 0, on_step=None) -> tuple[float, int]:
+    """One pass over ``loader``; returns (mean loss of this process, number of steps).
+
+    Resuming in the middle of an epoch: ``skip`` batches were trained before the snapshot (the
+    sampler gives the same order again after ``set_epoch``), ``loss_sum`` their summed loss.
+    ``on_step(steps, loss_sum)`` runs after every ``every``-th step (a mid-epoch snapshot).
+    """
     model.train()
-    total, steps = 0.0, 0
+    total, steps = loss_sum, 0
+    last = min(len(loader), max_steps) if max_steps else len(loader)
     for x, y in loader:
+        steps += 1
+        if steps <= skip:  # already trained before the snapshot: only advance the order
+            continue
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         total += loss.item()
-        steps += 1
-        if max_steps and steps >= max_steps:
+        if on_step and every and steps % every == 0 and steps < last:
+            on_step(steps, total)
+        if steps >= last:
             break
     return total / max(steps, 1), steps
 
