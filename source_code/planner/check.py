@@ -1,4 +1,4 @@
-"""The planner against measurement: DDP, FSDP, TP and 2D on 4 CPU processes.
+"""The planner against measurement: DDP, FSDP, TP, 2D and a pipeline on 4 CPU processes.
 
     python -m source_code.planner.check
 
@@ -19,14 +19,14 @@ from source_code.planner.measured import CONFIGS, config_of, measure_all
 from source_code.planner.spec import PRESETS
 
 QUANTITIES = ("params", "grads", "optimizer", "activations", "all_reduce", "all_gather",
-              "reduce_scatter")
+              "reduce_scatter", "send_recv")
 
 
 def predict(name: str) -> dict:
     """The planner's bytes for configuration ``name`` (fp32, the workshop model)."""
     model, cfg = PRESETS["workshop"], config_of(name)
     out = dict(mesh_memory.per_gpu(model, cfg, "fp32"))
-    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
         out[kind] = 0
     for row in communication.per_step(model, cfg, gpus_per_node=4, prec="fp32"):
         out[row["kind"]] += row["payload"]
@@ -39,7 +39,7 @@ def compare(measured: dict) -> list[dict]:
     for name, got in measured.items():
         want = predict(name)
         for q in QUANTITIES:
-            if got[q] == 0 and want[q] == 0:
+            if got.get(q) is None or (got[q] == 0 and want[q] == 0):
                 continue
             rel = abs(want[q] - got[q]) / max(got[q], 1)
             rows.append({"config": name, "quantity": q, "predicted": want[q], "measured": got[q],
@@ -68,7 +68,7 @@ def main(argv=None):
     rows = run()
     print("\n".join(format_table(rows)))
     worst = max(r["rel_error"] for r in rows)
-    print(f"configs: {', '.join(f'{n}=dp{d}xtp{t}/zero{z}' for n, (d, t, z) in CONFIGS.items())}")
+    print(f"configs: {', '.join(f'{n}=pp{p}xdp{d}xtp{t}/zero{z}' for n, (d, t, z, p) in CONFIGS.items())}")
     print(f"planner_max_rel_error={worst:.4f}")
     return 0 if worst <= args.tol else 1
 

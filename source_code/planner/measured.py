@@ -7,8 +7,12 @@ AdamW step in each configuration of ``CONFIGS`` and counts, on rank 0:
   (sharding.measure.state_bytes: a DTensor counts its local shard);
 * the bytes autograd saved for backward in the forward (parameters excluded);
 * the payload of every collective of forward + backward, by kind (``CollectiveCounter``:
-  c10d's collectives, issued by DDP and FSDP2, and the functional collectives that DTensor's
-  tensor parallelism issues).
+  c10d's collectives, issued by DDP and FSDP2, the functional collectives that DTensor's
+  tensor parallelism issues, and the sends of a pipeline).
+
+"pp_dp" is a 2-stage GPipe pipeline (torch.distributed.pipelining, 2 micro-batches) whose
+stages are replicated twice, gradients summed with one all-reduce per stage
+(mesh/pipeline3d.py without tp); its activations are not counted (the schedule keeps them).
 """
 from __future__ import annotations
 
@@ -26,9 +30,11 @@ from source_code.planner.spec import Config
 from source_code.sharding import workload
 from source_code.sharding.measure import CommCounter, local, state_bytes, tensor_bytes
 
-# name -> (dp, tp, ZeRO stage) on 4 ranks
-CONFIGS = {"ddp": (4, 1, 0), "fsdp": (4, 1, 3), "tp": (1, 4, 0), "2d": (2, 2, 3)}
+# name -> (dp, tp, ZeRO stage, pp) on 4 ranks
+CONFIGS = {"ddp": (4, 1, 0, 1), "fsdp": (4, 1, 3, 1), "tp": (1, 4, 0, 1), "2d": (2, 2, 3, 1),
+           "pp_dp": (2, 1, 0, 2)}
 BATCH = 16
+MICRO_BATCHES = 2      # per step and pipeline, when pp > 1
 
 # functional collective -> (kind, payload in bytes from the input tensor and the group size)
 _FUNCTIONAL = {
@@ -50,17 +56,22 @@ class CollectiveCounter(CommCounter):
             self.calls[kind] += 1
             self.payload[kind] += size(args[0].numel() * args[0].element_size(), n)
             return func(*args, **(kwargs or {}))
+        if func.namespace == "c10d" and name == "send":
+            self.calls["send_recv"] += 1
+            self.payload["send_recv"] += sum(t.numel() * t.element_size() for t in args[0])
+            return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def config_of(name: str) -> Config:
-    dp, tp, zero = CONFIGS[name]
-    return Config(dp=dp, tp=tp, zero=zero, micro_batch=BATCH // dp, global_batch=BATCH)
+    dp, tp, zero, pp = CONFIGS[name]
+    m = MICRO_BATCHES if pp > 1 else 1
+    return Config(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=BATCH // (dp * m), global_batch=BATCH)
 
 
 def build(name: str, cfg: dict):
     """(model, dp index of this rank) for one configuration on the 4 ranks."""
-    dp, tp, zero = CONFIGS[name]
+    dp, tp, zero, _ = CONFIGS[name]
     model = workload.build_model(cfg, 0)
     if name == "ddp":
         return DDP(model), dist.get_rank()
@@ -72,7 +83,42 @@ def build(name: str, cfg: dict):
     return build_2d(model, mesh), mesh["dp"].get_local_rank()
 
 
+def measure_pipeline(name: str) -> dict:
+    """One step of the pp x dp pipeline (after a first step that exchanges the shapes)."""
+    from torch.distributed.pipelining import PipelineStage
+    from source_code.mesh.pipeline3d import all_reduce_grads, make_schedule
+    from source_code.pipeline.stages import TransformerStage
+    dp, _, _, pp = CONFIGS[name]
+    mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
+    s, me = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
+    module = TransformerStage(workload.build_model(workload.model_config(), 0), s, pp)
+    stage = PipelineStage(module, s, pp, torch.device("cpu"), group=mesh["pp"].get_group())
+    x, y = workload.global_batch(workload.sort_task(n=64), 0, BATCH)
+    xs, ys = workload.rank_slice((x, y), me, dp)
+    count = int((y != -100).sum())
+    schedule = make_schedule(stage, MICRO_BATCHES, lambda out, tgt: lm_loss(out, tgt, count))
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+
+    def step():
+        schedule.step(target=ys, losses=[]) if s == pp - 1 else schedule.step(xs)
+        all_reduce_grads(module, mesh["dp"].get_group())
+
+    step()                                   # the stages exchange shapes: not counted
+    opt.zero_grad()
+    counter = CollectiveCounter(dist.get_world_size())
+    with counter:
+        step()
+    opt.step()
+    out = {**state_bytes(module, opt), "activations": None,
+           **{k: counter.payload.get(k, 0) for k in ("all_reduce", "all_gather", "reduce_scatter",
+                                                     "send_recv")}}
+    dist.barrier()
+    return out
+
+
 def measure(name: str) -> dict:
+    if CONFIGS[name][3] > 1:
+        return measure_pipeline(name)
     cfg = workload.model_config()
     dp = CONFIGS[name][0]
     model, me = build(name, cfg)
