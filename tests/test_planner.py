@@ -87,6 +87,10 @@ def test_cli(capsys):
     assert "best: " in out and "do not fit or cannot be built" in out and "comm s" in out
     assert plan.main(["--model", "7b", "--cluster", "a100", "--nodes", "2", "--tp", "8"]) == 1
     assert "spans nodes" in capsys.readouterr().out
+    assert plan.main(["--model", "7b", "--cluster", "a100", "--nodes", "2", "--tp", "1", "--pp", "2",
+                      "--zero", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dp4(zero2) x tp1 x pp2, mb1: fits") and "GB with" in out and "inter-node" in out
 
 
 @pytest.mark.parametrize("argv, message", [

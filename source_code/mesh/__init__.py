@@ -4,6 +4,7 @@
   and where each rank's shard of a parameter lies (placements, local shape, offsets);
 * ``tp.py``: tensor parallelism of the TransformerLM with DTensor's ``parallelize_module``,
   and the 2D model (TP on the "tp" dimension, FSDP2 on the "dp" dimension);
+* ``reference.py``: the one-process reference and the loss scaling that makes pieces add up;
 * ``parity.py``: 2D training equals one process on the same global batch;
 * ``pipeline3d.py``: 3D, ``torch.distributed.pipelining`` on "pp" x all-reduce on "dp" x TP on "tp";
 * ``train_2d.py``: the 2D training script (torchrun / Slurm);

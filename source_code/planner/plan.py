@@ -19,7 +19,8 @@ from dataclasses import replace
 
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.errors import LaunchError, run_main
-from source_code.planner.search import Plan, describe_comm, describe_memory, evaluate, search
+from source_code.planner.search import (Plan, activations_both_ways, describe_comm, describe_memory,
+                                       evaluate, search)
 from source_code.planner.spec import GB, PRECISIONS, PRESETS, Cluster, Config, Model, model_from
 
 CLUSTERS = {  # per GPU: memory, bandwidth inside a node and the network share between nodes
@@ -63,6 +64,7 @@ def explain(model: Model, cluster: Cluster, micro_batch: int = 1, global_batch: 
         return {"best": None, "lines": lines, "fit": fit, "fail": fail}
     best = fit[0]
     lines.append(f"  best: {best.cfg.label()}: {describe_memory(best)}")
+    lines.append(f"        ({activations_both_ways(model, best.cfg, precision)} on stage 0)")
     lines.append(f"        {describe_comm(best)}"
                  + (f"; pipeline bubble {best.bubble:.0%}" if best.cfg.pp > 1 else ""))
     dp_only = [p for p in fit if p.cfg.tp == 1 and p.cfg.pp == 1]
@@ -165,6 +167,8 @@ def main(argv=None):
                      checkpointing=args.checkpointing)
         plan = evaluate(model, cfg, cluster, args.precision)
         print(f"{cfg.label()}: " + ("fits, " + describe_memory(plan) if plan.fits else plan.reason))
+        if plan.memory:
+            print(f"  {activations_both_ways(model, cfg, args.precision)} on stage 0")
         if plan.comm:
             print("  " + describe_comm(plan))
         return 0 if plan.fits else 1

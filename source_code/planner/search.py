@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from source_code.planner import communication, mesh_memory
-from source_code.planner.spec import GB, Cluster, Config, Model
+from source_code.planner.spec import GB, PRECISIONS, Cluster, Config, Model
 
 NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
          "activations": "activations", "buffers": "gathered blocks"}
@@ -125,6 +125,13 @@ def describe_memory(plan: Plan) -> str:
     return (f"{m['total'] / GB:.1f} GB/GPU = params {m['params'] / GB:.1f} + grads {m['grads'] / GB:.1f}"
             f" + optimizer {m['optimizer'] / GB:.1f} + activations {m['activations'] / GB:.1f}"
             + (f" + gathered {m['buffers'] / GB:.1f}" if m["buffers"] else ""))
+
+
+def activations_both_ways(model: Model, cfg: Config, precision: str = "bf16") -> str:
+    """The busiest stage's activations without and with checkpointing, in GB."""
+    off, on = (mesh_memory.activation_bytes(model, replace(cfg, checkpointing=c), 0,
+                                            PRECISIONS[precision]) for c in (False, True))
+    return f"activations {off / GB:.1f} GB without checkpointing, {on / GB:.1f} GB with"
 
 
 def describe_comm(plan: Plan) -> str:
