@@ -64,7 +64,7 @@ def test_accelerate_trap_fails_in_one_line(torchrun):
     assert res.returncode != 0
     errors = [ln for ln in res.stdout.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "2 processes were asked for but Accelerate sees 1" in errors[0]
-    assert "Traceback (most recent call last):\n  File \"/" not in res.stdout.split("torch/distributed")[0]
+    assert 'accelerate_train.py", line' not in res.stdout  # no traceback from the script itself
 
 
 @pytest.mark.parametrize("module, args, message", [
