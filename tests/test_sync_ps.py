@@ -25,3 +25,10 @@ def test_collectives_outputs_on_four_processes():
             assert res[name][1] == collectives.expected(name, rank, world), (name, rank, res[name])
         assert res["rs_plus_ag_diff"] < 1e-12  # all-reduce = reduce-scatter + all-gather
     assert "(undefined" in collectives.table(results, "reduce")
+
+
+def test_parameter_server_script_under_torchrun():
+    from source_code.processes import torchrun
+    res = torchrun("source_code.sync.parameter_server", "--steps", "2", nproc=3)
+    summary = [ln for ln in res.stdout.splitlines() if ln.startswith("summary:")]
+    assert len(summary) == 1 and "workers=2" in summary[0] and "steps=2" in summary[0], res.stdout

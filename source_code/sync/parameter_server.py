@@ -105,11 +105,12 @@ def main(argv=None):
             return 2
         loop.per_rank_batch(args.batch_size, ctx.world_size - 1)
         final, losses, moved = train_parameter_server(args, ctx.device)
-        for i, loss in enumerate(losses):
-            if i % 5 == 0 or i == len(losses) - 1:
-                print0(f"step {i + 1:3d}  mean worker loss {loss:.4f}")
-        print0(f"summary: workers={ctx.world_size - 1} parameters={final.numel()} steps={args.steps} "
-               f"first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f} max_weight_change={moved:.4f}")
+        if ctx.rank == SERVER:  # only the server has the losses; it is rank 0, which prints
+            for i, loss in enumerate(losses):
+                if i % 5 == 0 or i == len(losses) - 1:
+                    print0(f"step {i + 1:3d}  mean worker loss {loss:.4f}")
+            print0(f"summary: workers={ctx.world_size - 1} parameters={final.numel()} steps={args.steps} "
+                   f"first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f} max_weight_change={moved:.4f}")
     return 0
 
 
