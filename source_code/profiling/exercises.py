@@ -11,6 +11,8 @@ cannot be pickled), so it must be self-contained: it may use ``torch`` and ``dis
 from __future__ import annotations
 
 import datetime
+import io
+import sys
 import inspect
 import textwrap
 import warnings
@@ -46,6 +48,10 @@ def _run_on_rank(source: str, name: str, timeout_s: float) -> list:
             timed_out = "Timed out" in str(exc) or "timeout" in str(exc).lower()
             raise RuntimeError(f"{'TIMEOUT' if timed_out else 'ERROR'} at step {step} on rank {rank} "
                                f"(count {count}): {str(exc).splitlines()[0][:300]}") from None
+    # This rank is through. If the other one timed out, the barrier of the harness's clean-up
+    # fails here too ("Connection closed by peer"); the other rank's report says why, so that
+    # second traceback would only repeat it: keep it off the learner's screen.
+    sys.stderr = io.StringIO()
     return out
 
 

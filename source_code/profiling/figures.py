@@ -23,7 +23,7 @@ def timeline_figure(traces: dict[int, dict], name: str | None = None):
         for kind in ("computation", "communication"):
             bars = [((a - t0) / 1e3, (b - a) / 1e3) for a, b in spans[kind]]
             ax.broken_barh(bars, (y - 0.35, 0.7), color=COLORS[kind])
-            labels.append(f"rank {rank} {kind[:7]}")
+            labels.append(f"rank {rank} {'compute' if kind == 'computation' else 'all-reduce'}")
             y += 1
     for a, _ in classify.step_windows(traces[min(traces)]):
         ax.axvline((a - t0) / 1e3, color="grey", ls=":", lw=1)
@@ -46,7 +46,7 @@ def scaling_figure(result: dict, efficiencies: dict, name: str | None = None):
         a2.plot(ns, [efficiencies[kind][n] for n in ns], marker=marker, label=kind)
     ns = sorted(result["weak"])
     base = result["weak"][ns[0]]["samples_per_s"]
-    a1.plot(ns, [base * n / ns[0] for n in ns], "k--", lw=1, label="ideal")
+    a1.plot(ns, [base * n / ns[0] for n in ns], "k--", lw=1, label="ideal (n x one process)")
     a1.set(xlabel="processes", ylabel="samples/s", xticks=ns, title="throughput")
     a2.axhline(1.0, color="k", ls="--", lw=1)
     a2.set(xlabel="processes", ylabel="efficiency", xticks=ns, ylim=(0, 1.1), title="scaling efficiency")
@@ -69,7 +69,7 @@ def loader_figure(runs: dict[str, dict], name: str | None = None):
     ax.invert_yaxis()
     ax.set_xlabel("median step time (ms)")
     ax.set_xlim(0, 1.35 * max(r["step_ms"] for r in runs.values()))
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
     export(fig, name)
     return fig

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -94,8 +95,10 @@ def main(argv=None):
         if os.environ.get("RANK", "0") == "0":
             stale.unlink(missing_ok=True)
     r = drill(args)
-    if r["hang"]:  # every rank says what it saw, in one write
-        print(f"[rank {r['rank']}] stopped after {r['seconds']:.1f} s ({r['error_type']}): {r['error']}", flush=True)
+    if r["hang"]:  # every rank says what it saw, in one write (lines of 2 ranks must not mix)
+        sys.stdout.write(f"[rank {r['rank']}] stopped after {r['seconds']:.1f} s ({r['error_type']}): "
+                         f"{r['error']}\n")
+        sys.stdout.flush()
     if r["rank"] != 0:
         return 0
     dumps = gather_dumps(args.trace_dir, r["world_size"], args.timeout + 10) if r["hang"] else {}
