@@ -45,6 +45,9 @@ def test_comm_debug_mode_counts_match_the_ledger(per_rank):
         # loss_parallel: 3 small all-reduces (max, sum of exp, target logit) + the head's input grad
         assert r["loss_parallel"]["lib_forward"] == {"all_reduce": 2 * L + 3}
         assert r["loss_parallel"]["lib_backward"] == {"all_reduce": 2 * L + 1}
+        # ours splits the token table too: one more all-reduce forward (the embedding's sum)
+        assert r["loss_parallel"]["own_forward"] == {"all_reduce": 2 * L + 4}
+        assert r["loss_parallel"]["own_backward"] == r["loss_parallel"]["lib_backward"]
 
 
 @pytest.mark.parity

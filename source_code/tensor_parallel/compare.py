@@ -22,7 +22,7 @@ from source_code.cli import Parser, positive_int
 from source_code.distributed import print0, run_main, session
 from source_code.tensor_parallel import comm, dtensor
 from source_code.tensor_parallel.harness import Workload, lm_loss, max_diff
-from source_code.tensor_parallel.model import TPTransformerLM
+from source_code.tensor_parallel.model import TPTransformerLM, dense_slice
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.compare"
 TIMING = Workload(vocab=64, dim=128, heads=8, layers=2, seq=64, batch=8)
@@ -38,6 +38,13 @@ def _mine(t):
     if not hasattr(t, "placements"):
         return t
     return t.to_local() if any(p.is_shard() for p in t.placements) else t.full_tensor()
+
+
+def _as_own(grad, own_param):
+    """The library's gradient cut like our parameter (our token table may be vocabulary-split
+    where the library's plan keeps it replicated)."""
+    g = _mine(grad)
+    return g if g.shape == own_param.shape else dense_slice(_full(grad), own_param)
 
 
 def _short(op) -> str:
@@ -74,9 +81,9 @@ def library_parity(work: Workload, sequence_parallel: bool = False,
     ref_loss = lm_loss(ref_logits, y)
     ref_loss.backward()
 
-    own = TPTransformerLM(dense, rank, world, sequence_parallel)
+    own = TPTransformerLM(dense, rank, world, sequence_parallel, vocab_parallel=vocab_parallel_head)
     with comm.counting() as ledger:
-        own_loss = lm_loss(own(x), y)
+        own_loss = own.loss(own(x), y)
         own_loss.backward()
         own.sync_sp_grads()
 
@@ -92,9 +99,8 @@ def library_parity(work: Workload, sequence_parallel: bool = False,
         torch.optim.SGD(lib.parameters(), lr=0.1).step()
     dense_params, own_params = dict(dense.named_parameters()), dict(own.named_parameters())
     lib_vs_dense = max(max_diff(_full(p.grad), dense_params[n].grad) for n, p in lib.named_parameters())
-    # own TP keeps the head replicated: with a vocabulary-parallel head compare the rest
-    lib_vs_own = max(max_diff(_mine(p.grad), own_params[n].grad) for n, p in lib.named_parameters()
-                     if not (vocab_parallel_head and n.startswith("head")))
+    lib_vs_own = max(max_diff(_as_own(p.grad, own_params[n]), own_params[n].grad)
+                     for n, p in lib.named_parameters())
     return {"rank": rank, "world": world,
             "logits_diff": max_diff(_full(logits), ref_logits), "loss_diff": max_diff(_full(loss), ref_loss),
             "grad_diff": lib_vs_dense, "grad_diff_vs_own": lib_vs_own,
