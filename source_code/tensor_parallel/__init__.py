@@ -7,6 +7,7 @@ Lesson files (notebook 10), in reading order:
 * layers.py    -- ColumnParallelLinear and RowParallelLinear, cut from a dense nn.Linear
 * model.py     -- TransformerLM's attention, MLP, block and whole model, tensor-parallel,
                   optionally sequence-parallel, built from a dense model's weights
+* vocab.py     -- vocabulary-parallel embedding and cross-entropy (``vocab_parallel=True``)
 * dtensor.py   -- the same with torch.distributed.tensor.parallel.parallelize_module
 * train.py     -- training script: --impl own|dtensor [--sequence-parallel]
 

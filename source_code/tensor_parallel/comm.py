@@ -117,11 +117,11 @@ def all_gather_seq(x: torch.Tensor, phase: str, tag: str = "", group=None) -> to
 def reduce_scatter_seq(x: torch.Tensor, phase: str, tag: str = "", group=None) -> torch.Tensor:
     """(b, t, d) partial sums on each rank -> my (b, t/n, d) slice of their sum.
 
-    gloo has no reduce_scatter: an all-reduce then my slice gives the same numbers (and the
-    ledger records what a NCCL run would send: a reduce-scatter of the full tensor)."""
+    CUDA tensors (NCCL) use reduce_scatter. gloo has none: an all-reduce then my slice gives
+    the same numbers (the ledger records what NCCL would do: a reduce-scatter)."""
     _record("reduce_scatter", phase, x, tag)
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    if dist.get_backend(group) == "nccl":
+    if x.is_cuda:
         out = torch.empty_like(x.chunk(n, dim=SEQ_DIM)[r]).contiguous()
         dist.reduce_scatter(out, [c.contiguous() for c in x.chunk(n, dim=SEQ_DIM)], group=group)
         return out
