@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from source_code.cli import Parser, nonnegative_int, positive_float, positive_int, writable_path
-from source_code.distributed import cleanup, run_main, setup
+from source_code.distributed import cleanup, ranks_from_env, run_main, setup
 from source_code.profiling import flight_recorder
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang"
@@ -91,8 +91,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "200")  # before the group starts
     torch.set_num_threads(1)
-    for stale in Path(args.trace_dir).glob("fr_rank*.json"):
-        if os.environ.get("RANK", "0") == "0":
+    if (ranks_from_env() or (0,))[0] == 0:  # old dumps would be read as this run's
+        for stale in Path(args.trace_dir).glob("fr_rank*.json"):
             stale.unlink(missing_ok=True)
     r = drill(args)
     if r["hang"]:  # every rank says what it saw, in one write (lines of 2 ranks must not mix)
