@@ -53,6 +53,7 @@ class Simulation:
     node_names: list
     steps: list
     result: list               # per worker: the vector it holds at the end
+    total: np.ndarray | None = None  # parameter server only: the summed gradient on the server
 
     def sent(self) -> np.ndarray:
         """Bytes each node sent, summed over all steps."""
@@ -135,9 +136,7 @@ def simulate_parameter_server(grads, weights, lr: float = 0.1, itemsize: int = 4
     steps.append(Step("update", 1, [], [[w.copy()]] + [[x.copy()] for x in g[1:]]))
     pulled = [w.copy() for _ in range(n)]
     steps.append(Step("pull", 1, [Transfer(0, i, "weights", nb) for i in range(1, n)], [[p] for p in pulled]))
-    sim = Simulation("parameter server", n, names, steps, pulled)
-    sim.total = total
-    return sim
+    return Simulation("parameter server", n, names, steps, pulled, total)
 
 
 # --------------------------------------------------------------------------- drawings
