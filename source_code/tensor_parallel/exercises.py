@@ -20,7 +20,6 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
 
 _tls = threading.local()
 

@@ -17,7 +17,6 @@ checked; ``owner`` on each parameter says which rows or columns of the dense mat
 """
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -8,6 +8,9 @@
 --impl own: the hand-built layers of model.py (column/row-parallel, our collectives);
 --impl dtensor: ``parallelize_module`` with ColwiseParallel/RowwiseParallel (dtensor.py).
 --sequence-parallel: LayerNorms and residuals on t/n tokens, all-gather/reduce-scatter.
+--vocab-parallel: token table, head and loss split over the vocabulary (own: vocab.py;
+dtensor: a column-wise head under ``loss_parallel``); the vocabulary is padded to a multiple
+of the processes with tokens that never occur, as Megatron-LM pads it.
 
 Tensor parallelism alone is not data parallelism: every process sees the SAME batch (one
 seed), holds 1/n of each block's weights and computes 1/n of each block's work; the loss is
@@ -18,7 +21,10 @@ seconds=S`` (accuracy: held-out answer tokens predicted correctly).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from source_code import data, models
@@ -53,19 +59,33 @@ def lm_loss(logits, targets):
 def build(ctx, args):
     """The dense model from one seed on every rank, then this rank's tensor-parallel version."""
     torch.manual_seed(args.seed)
-    dense = models.TransformerLM(vocab_size=VOCAB, dim=args.dim, n_layers=args.layers,
+    vocab = -(-VOCAB // ctx.world_size) * ctx.world_size if args.vocab_parallel else VOCAB
+    dense = models.TransformerLM(vocab_size=vocab, dim=args.dim, n_layers=args.layers,
                                  n_heads=args.heads, max_len=SEQ).to(ctx.device)
     if args.impl == "own":
-        return TPTransformerLM(dense, ctx.rank, ctx.world_size, args.sequence_parallel)
+        return TPTransformerLM(dense, ctx.rank, ctx.world_size, args.sequence_parallel,
+                               args.vocab_parallel)
     from source_code.tensor_parallel import dtensor
     mesh = dtensor.init_device_mesh(ctx.device.type, (ctx.world_size,))
-    return dtensor.parallelize(dense, mesh, args.sequence_parallel)
+    return dtensor.parallelize(dense, mesh, args.sequence_parallel, args.vocab_parallel)
+
+
+def full_logits(logits):
+    """(b, t, vocab) on every rank: a vocabulary-split DTensor or our local slice gathered
+    (evaluation only; training never needs them whole)."""
+    if hasattr(logits, "full_tensor"):
+        return logits.full_tensor()
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, logits.contiguous())
+    return torch.cat(parts, dim=-1)
 
 
 @torch.no_grad()
 def accuracy(model, x, y) -> float:
     model.eval()
-    logits = model(x)                           # (b, t, vocab), the same on every rank
+    logits = model(x)
+    if getattr(model, "vocab_parallel", False) or hasattr(logits, "full_tensor"):
+        logits = full_logits(logits)            # (b, t, vocab)
     model.train()
     mask = y != -100
     return ((logits.argmax(-1) == y)[mask].float().mean()).item()
@@ -75,13 +95,17 @@ def train(ctx, args) -> dict:
     train_x, train_y = data.sequence_task("sort", n=args.samples, seed=0).tensors
     test_x, test_y = data.sequence_task("sort", n=args.eval_samples, seed=1).tensors
     model = build(ctx, args)
+    loss_ctx = contextlib.nullcontext          # a new context each step
+    if args.impl == "dtensor" and args.vocab_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as loss_ctx
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     n_batches = len(train_x) // args.batch_size
     if args.max_steps:
         n_batches = min(n_batches, args.max_steps)
     print0(f"training TransformerLM ({args.layers} blocks, dim {args.dim}, {args.heads} heads) on the "
            f"sort task: tensor parallel over {ctx.world_size} processes ({args.impl}"
-           f"{' + sequence parallel' if args.sequence_parallel else ''}), {ctx.backend} on {ctx.device.type}")
+           f"{' + sequence parallel' if args.sequence_parallel else ''}"
+           f"{' + vocabulary parallel' if args.vocab_parallel else ''}), {ctx.backend} on {ctx.device.type}")
     timer, acc = loop.Timer(), 0.0
     for epoch in range(args.epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed + epoch))
@@ -90,12 +114,14 @@ def train(ctx, args) -> dict:
             idx = order[b * args.batch_size:(b + 1) * args.batch_size]   # the same batch on every rank
             x, y = train_x[idx].to(ctx.device), train_y[idx].to(ctx.device)
             opt.zero_grad(set_to_none=True)
-            loss = lm_loss(model(x), y)
-            loss.backward()
+            with loss_ctx():                        # loss_parallel() for a vocabulary-split DTensor head
+                logits = model(x)
+                loss = model.loss(logits, y) if args.impl == "own" else lm_loss(logits, y)
+                loss.backward()
             if args.impl == "own":
                 model.sync_sp_grads()               # no-op without sequence parallelism
             opt.step()
-            total += loss.item()
+            total += float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
         acc = accuracy(model, test_x.to(ctx.device), test_y.to(ctx.device))
         print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / n_batches:.4f}  held-out token "
                f"accuracy {acc:.4f}  steps {n_batches}  {timer.seconds:6.1f}s")
@@ -107,6 +133,7 @@ def main(argv=None):
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--impl", default="own", choices=IMPLS)
     ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--vocab-parallel", action="store_true", help="split token table, head and loss over the vocabulary")
     ap.add_argument("--batch-size", type=positive_int, default=32)
     ap.add_argument("--epochs", type=positive_int, default=3)
     ap.add_argument("--samples", type=positive_int, default=2048, help="training examples of the sort task")
