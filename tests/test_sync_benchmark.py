@@ -25,6 +25,7 @@ def test_benchmark_prints_table_and_ratio(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     assert lines[-1].startswith("ring_vs_library_busbw_ratio=")
+    assert any(ln.startswith("# ring faster than parameter_server from: ") for ln in lines)
     ratio = float(lines[-1].split("=")[1])
     summary = json.loads(out.read_text())
     assert ratio == pytest.approx(summary["ratio"], abs=1e-3) and ratio > 0

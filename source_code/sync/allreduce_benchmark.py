@@ -140,10 +140,17 @@ def table(summary: dict) -> str:
     lines.append("# alpha-beta fit, time = alpha + size / beta (beta = bandwidth):")
     for name, f in summary["fits"].items():
         lines.append(f"#   {name:<16} alpha = {f['alpha_s'] * 1e6:9.1f} us   beta = {f['beta_Bps'] / 1e9:.3f} GB/s")
+    if {"ring", "parameter_server"} <= set(summary["rows"]):
+        lines.append(f"# ring faster than parameter_server from: {_mib(measured_crossover(summary))} measured, "
+                     f"{_mib(predicted_crossover(summary))} where the fitted models cross")
     lines.append(f"# ratio = median over {summary['ratio_pairs']} interleaved repetitions of "
                  f"time(library)/time(ring) at {human(summary['ratio_size'])}")
     lines.append(f"ring_vs_library_busbw_ratio={summary['ratio']:.3f}")
     return "\n".join(lines)
+
+
+def _mib(nbytes) -> str:
+    return "none" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"
 
 
 def plot(summary: dict, path=None):
