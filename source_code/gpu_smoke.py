@@ -54,7 +54,7 @@ def _reduce_both() -> dict:
 
 
 def _ring_and_server() -> dict:
-    from source_code.sync.ring_allreduce import compare_with_library
+    from source_code.sync.harness import compare_with_library
     return compare_with_library(sizes=(5, 4099))
 
 
