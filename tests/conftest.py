@@ -65,6 +65,3 @@ def submit(cluster, tmp_path):
         print(f"job {job.id} {script}: {job.state} in {job.seconds:.1f} s\n{job.output[-3000:]}")
         return job
     return run
-
-
-SYNC = {"TRAIN_MODULE": "source_code.launch.sync_check"}

@@ -24,6 +24,7 @@ from source_code.training.loop import parse_summary  # noqa: E402
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "slurm"
+SYNC = {"TRAIN_MODULE": "source_code.launch.sync_check"}
 
 
 def ranks(output: str) -> list[tuple[int, int, str, str]]:
