@@ -10,11 +10,14 @@ One place decides how a process learns who it is and where it computes:
 * print0 acts on rank 0 only; seeds are explicit and per rank;
 * the session ends cleanly (see ``cleanup``), so every launch exits 0.
 
-The lines a learner writes in their own script are the plain ones::
+The lesson script ``training/ddp.py`` writes the plain lines out, as in a learner's own code::
 
-    dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")  # what setup() does
-    torch.cuda.set_device(local_rank)                                  # on a GPU node
+    me, store = whoami(LAUNCH)                 # rank, device and backend, before joining
+    if me.device.type == "cuda":
+        torch.cuda.set_device(me.device)
+    dist.init_process_group(me.backend, rank=me.rank, world_size=me.world_size, store=store)
     ...
+    settle()                                   # gc + barrier: the clean-exit detail
     dist.destroy_process_group()
 
 Typical use in a workshop script (``torchrun --standalone --nproc-per-node=2 -m PKG.MOD``)::
@@ -48,9 +51,9 @@ import torch.distributed as dist
 from source_code import device_policy
 from source_code.errors import LaunchError, run_main
 
-__all__ = ["LaunchError", "Context", "context", "pick_device", "ranks_from_env", "setup",
-           "cleanup", "session", "run_main", "print0", "seed_everything", "all_reduce_mean",
-           "free_port"]
+__all__ = ["LaunchError", "Context", "context", "pick_device", "ranks_from_env", "whoami",
+           "setup", "settle", "cleanup", "session", "run_main", "print0", "seed_everything",
+           "all_reduce_mean", "free_port"]
 
 
 @dataclass(frozen=True)
@@ -175,22 +178,20 @@ def context() -> Context:
     return _CURRENT
 
 
-def setup(launch_hint: str | None = None, allow_single: bool = False,
-          timeout_s: float = 300) -> Context:
-    """Join the process group described by the environment and return the Context.
+def whoami(launch_hint: str | None = None) -> tuple[Context, dist.Store | None]:
+    """Who this process is, where it computes, and where it meets the others: before joining.
 
-    Without a launcher: world size 1 (a gloo group over an in-memory store) when
-    ``allow_single``, otherwise a one-line LaunchError that shows ``launch_hint``.
+    Returns the Context (rank, local rank and world size from the launcher; device and backend
+    from the device policy) and the store to pass to ``init_process_group``: None under
+    torchrun, which has gathered every process already (the group reads MASTER_ADDR/PORT);
+    for srun and by-hand launches a store at MASTER_ADDR:MASTER_PORT that all ranks reached,
+    so that a missing rank is named in one line instead of a silent wait. Every mistake (no
+    launcher, no MASTER_ADDR, a busy port) is a one-line LaunchError naming the fix.
     """
     found = ranks_from_env()
     if found is None:
-        if not allow_single:
-            raise LaunchError(f"error: no launcher found (RANK/WORLD_SIZE not set); run it as: "
-                              f"{launch_hint or 'torchrun --standalone --nproc-per-node=2 SCRIPT'}")
-        device, backend = pick_device(0)
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        return _remember(Context(0, 0, 1, device, backend, "none"))
-
+        raise LaunchError(f"error: no launcher found (RANK/WORLD_SIZE not set); run it as: "
+                          f"{launch_hint or 'torchrun --standalone --nproc-per-node=2 SCRIPT'}")
     rank, local_rank, world, launcher = found
     if launcher == "srun":
         _slurm_rendezvous_defaults(os.environ)
@@ -201,18 +202,34 @@ def setup(launch_hint: str | None = None, allow_single: bool = False,
     placed = device_policy.choose(local_rank, device_policy.local_world_size(os.environ, world))
     if placed.note and rank == 0:
         print(placed.note, flush=True)
-    if placed.device.type == "cuda":
-        torch.cuda.set_device(placed.device)
     port = int(os.environ["MASTER_PORT"])
     if launcher != "torchrun" and rank == 0 and not port_is_free(port):
         raise LaunchError(f"error: MASTER_PORT {port} is busy on this host; pick another, "
                           f"e.g. export MASTER_PORT={free_port()}")
-    # torchrun has already gathered every process; srun and by-hand launches meet here
     store = _rendezvous(rank, world) if launcher != "torchrun" else None
-    dist.init_process_group(placed.backend, store=store, rank=rank, world_size=world,
+    return _remember(Context(rank, local_rank, world, placed.device, placed.backend, launcher)), store
+
+
+def setup(launch_hint: str | None = None, allow_single: bool = False,
+          timeout_s: float = 300) -> Context:
+    """Join the process group described by the environment and return the Context.
+
+    The plain lines, as ``training/ddp.py`` writes them out: ``whoami``, ``torch.cuda.set_device``
+    on a GPU, ``dist.init_process_group``. Without a launcher: world size 1 (a gloo group over
+    an in-memory store) when ``allow_single``, otherwise a one-line LaunchError that shows
+    ``launch_hint``.
+    """
+    if ranks_from_env() is None and allow_single:
+        device, backend = pick_device(0)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return _remember(Context(0, 0, 1, device, backend, "none"))
+    me, store = whoami(launch_hint)
+    if me.device.type == "cuda":
+        torch.cuda.set_device(me.device)
+    dist.init_process_group(me.backend, store=store, rank=me.rank, world_size=me.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=placed.device if placed.device.type == "cuda" else None)
-    return _remember(Context(rank, local_rank, world, placed.device, placed.backend, launcher))
+                            device_id=me.device if me.device.type == "cuda" else None)
+    return me
 
 
 def _rendezvous(rank: int, world: int) -> dist.Store:
@@ -266,8 +283,8 @@ def _remember(ctx: Context) -> Context:
     return ctx
 
 
-def cleanup(barrier: bool = True) -> None:
-    """End the process group so the interpreter can exit cleanly.
+def settle() -> None:
+    """The clean-exit detail before ``dist.destroy_process_group()``: free, then meet.
 
     Why it matters with torch 2.14.1 + gloo: each collective leaves a Work object whose last
     reference may be dropped by one of gloo's worker threads. If that happens while the
@@ -276,16 +293,24 @@ def cleanup(barrier: bool = True) -> None:
     So: (1) drop every Python object that still refers to the group (DDP modules, Work
     handles) while the interpreter is fully alive -- callers return from the function that
     owned them, then gc.collect() here frees cycles; (2) a barrier so no rank tears down while
-    another still talks to it; (3) destroy the group, which joins gloo's threads.
+    another still talks to it. Destroying the group then joins gloo's threads.
     """
+    gc.collect()
+    dist.barrier()
+
+
+def cleanup(barrier: bool = True) -> None:
+    """End the process group so the interpreter can exit cleanly: ``settle()`` (the barrier
+    only when ``barrier``: after an error the others may never reach it), then destroy."""
     global _CURRENT
     _CURRENT = None
     if not dist.is_initialized():
         return
-    gc.collect()
     try:
         if barrier:
-            dist.barrier()
+            settle()
+        else:
+            gc.collect()
     finally:
         dist.destroy_process_group()
         gc.collect()

@@ -106,7 +106,6 @@ BAD_FLAGS = [
     (["--workers", "-2"], "argument --workers: -2 is not a count >= 0"),
     (["--checkpoint", "/proc/no-such-dir/snap.pt"], "argument --checkpoint: cannot write to /proc/no-such-dir"),
     (["--resume"], "--resume needs --checkpoint PATH"),
-    (["--snapshot-every", "5"], "--snapshot-every needs --checkpoint PATH"),
     (["--model", "vgg"], "unknown model 'vgg'; choose one of smallcnn, resnet18, transformer"),
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'; choose one of digits"),
     (["--epochs"], "argument --epochs: expected one argument"),
@@ -121,6 +120,25 @@ def test_bad_flag_is_one_line_before_the_process_group(argv, message, monkeypatc
     with pytest.raises(LaunchError) as err:  # raised before setup(): no launcher needed
         ddp.main(argv)
     assert message in err.value.message and "\n" not in err.value.message
+
+
+@pytest.mark.parametrize("argv,message", BAD_FLAGS[:3] + [
+    (["--snapshot-every", "5"], "--snapshot-every needs --checkpoint PATH"),
+    (["--crash-at-step", "-1"], "argument --crash-at-step: -1 is not a count >= 0"),
+])
+def test_fault_tolerant_script_refuses_bad_flags_the_same_way(argv, message, monkeypatch):
+    from source_code.training import ddp_fault_tolerant
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(LaunchError) as err:
+        ddp_fault_tolerant.main(argv)
+    assert message in err.value.message and "\n" not in err.value.message
+
+
+def test_lesson_script_knows_nothing_of_fault_drills(monkeypatch):
+    from source_code.training import ddp
+    with pytest.raises(LaunchError, match="unrecognized arguments: --snapshot-every"):
+        ddp.main(["--checkpoint", "x.pt", "--snapshot-every", "5"])
 
 
 def test_bad_flag_under_torchrun_is_printed_once_without_a_traceback(torchrun):

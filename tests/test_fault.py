@@ -1,5 +1,5 @@
 """Fault tolerance for real: a rank killed mid-epoch, a kill during a snapshot write, a
-restart with another number of processes. All on the main job, source_code.training.ddp."""
+restart with another number of processes. All on source_code.training.ddp_fault_tolerant, the main job plus mid-epoch snapshots."""
 from __future__ import annotations
 
 import re
@@ -14,7 +14,7 @@ from source_code.training.loop import parse_summary
 pytestmark = pytest.mark.fault
 
 # 3 epochs of 6 steps; the crash comes after global step 9, in the middle of epoch 2
-JOB = "source_code.training.ddp"
+JOB = "source_code.training.ddp_fault_tolerant"
 ARGS = ["--epochs", "3", "--max-steps", "6"]
 
 

@@ -35,9 +35,7 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="DataLoader worker processes per rank (default: 4 for image "
                         "datasets on a GPU, else 0: the embedded data is already in memory)")
     p.add_argument("--checkpoint", type=writable_path, default="",
-                   help="snapshot path, written after every epoch (and see --snapshot-every)")
-    p.add_argument("--snapshot-every", type=nonnegative_int, default=0,
-                   help="also snapshot every K steps inside an epoch (0: only at epoch ends)")
+                   help="snapshot path, written atomically after every epoch")
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint if it exists (else start fresh and say so)")
     return p

@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader
 
 from source_code import checkpoint, data
 from source_code.cli import Parser
-from source_code.errors import LaunchError
 from source_code.distributed import pick_device, run_main, seed_everything
 from source_code.training import loop
 
@@ -56,9 +55,6 @@ def train(device, args) -> dict:
 def main(argv=None):
     args = loop.add_common_args(Parser(description=__doc__.splitlines()[0])).parse_args(argv)
     loop.check_args(args)
-    if args.snapshot_every:
-        raise LaunchError("error: --snapshot-every (mid-epoch snapshots) is a feature of ddp.py; "
-                          "single.py snapshots after every epoch with --checkpoint")
     seed_everything(args.seed)
     device, _ = pick_device(0)  # cuda:0 where there is a GPU, else the CPU
     train(device, args)
