@@ -64,7 +64,7 @@ def rank_lines(text: str) -> str:
                      if "torch/distributed/run.py" not in ln and "OMP_NUM_THREADS" not in ln)
 
 
-def _worker(rank, world_size, port, device, fn, args, queue):
+def _worker(rank, world_size, port, device, fn, args, queue, collective_timeout_s=None):
     from source_code.distributed import cleanup, setup
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
@@ -73,7 +73,7 @@ def _worker(rank, world_size, port, device, fn, args, queue):
     try:
         import torch
         torch.set_num_threads(1)
-        setup()
+        setup(**({} if collective_timeout_s is None else {"timeout_s": collective_timeout_s}))
         queue.put((rank, True, fn(*args)))
     except BaseException:  # report every failure to the parent, then exit non-zero
         failed = True
@@ -83,8 +83,14 @@ def _worker(rank, world_size, port, device, fn, args, queue):
         cleanup(barrier=not failed)  # a failed rank must not wait for the others in a barrier
 
 
-def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None = None) -> list:
-    """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results."""
+def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None = None,
+          collective_timeout_s: float | None = None) -> list:
+    """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results.
+
+    ``collective_timeout_s`` goes to ``init_process_group(timeout=...)``: a collective that some
+    rank never joins fails after that many seconds instead of the default minutes (the check
+    functions of the hang exercises use a few seconds). None keeps the default.
+    """
     from source_code.distributed import free_port
     # as torchrun does: one OpenMP thread per process, inherited by the children (with the
     # default, N processes x all cores of threads spin against each other on a laptop)
@@ -93,7 +99,8 @@ def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None =
     _device_env(device)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, device, fn, args, queue))
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, device, fn, args, queue,
+                                                   collective_timeout_s))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -10,12 +10,10 @@ cannot be pickled), so it must be self-contained: it may use ``torch`` and ``dis
 """
 from __future__ import annotations
 
-import datetime
 import io
 import sys
 import inspect
 import textwrap
-import warnings
 
 import torch
 
@@ -30,13 +28,9 @@ def expected() -> list[float]:
     return [(a[0] + b[0]) / (a[1] + b[1]) for a, b in CASES]
 
 
-def _run_on_rank(source: str, name: str, timeout_s: float) -> list:
+def _run_on_rank(source: str, name: str) -> list:
     """Runs on each spawned rank: the learner's function at every step of CASES."""
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _set_pg_timeout
-    with warnings.catch_warnings():  # it warns that it is a private function
-        warnings.simplefilter("ignore")
-        _set_pg_timeout(datetime.timedelta(seconds=timeout_s))  # minutes by default: seconds here
     namespace = {"torch": torch, "dist": dist}
     exec(source, namespace)
     fn, rank, out = namespace[name], dist.get_rank(), []
@@ -66,7 +60,9 @@ def check_global_mean(fn, timeout_s: float = TIMEOUT_S) -> str:
         pass
     source = textwrap.dedent(inspect.getsource(fn))
     try:
-        got = spawn(_run_on_rank, 2, source, fn.__name__, timeout_s, device="cpu", timeout=60)
+        # the process group's timeout is minutes by default: seconds here
+        got = spawn(_run_on_rank, 2, source, fn.__name__, device="cpu", timeout=60,
+                    collective_timeout_s=timeout_s)
     except ProcessesFailed as err:
         text = str(err)
         if "TIMEOUT" in text:

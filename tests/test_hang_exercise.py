@@ -1,0 +1,95 @@
+"""Notebook 06's hang exercise: the reference solution passes; the original hang, two "fixes"
+that deadlock differently and three that no longer hang but are wrong are each named."""
+import pytest
+
+from source_code.launch import hang_exercise as ex
+from source_code.solutions import nb06_hang
+
+# The typical wrong answers, written as a learner would in the notebook cell (the check runs
+# them with torch, dist and save_checkpoint in scope). noqa: those names come from the check.
+
+
+def moved_the_all_reduce_only(epoch, correct, seen, path):
+    totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
+    dist.all_reduce(totals)  # noqa: F821
+    accuracy = (totals[0] / totals[1]).item()
+    if dist.get_rank() == 0:  # noqa: F821
+        save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    return accuracy
+
+
+def a_barrier_for_the_others(epoch, correct, seen, path):
+    accuracy = correct / seen
+    if dist.get_rank() == 0:  # noqa: F821
+        totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
+        dist.all_reduce(totals)  # noqa: F821
+        accuracy = (totals[0] / totals[1]).item()
+        save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    else:
+        dist.barrier()  # noqa: F821  "wait for rank 0's save"
+    return accuracy
+
+
+def mean_of_accuracies(epoch, correct, seen, path):
+    acc = torch.tensor([correct / seen], dtype=torch.float64)  # noqa: F821
+    dist.all_reduce(acc)  # noqa: F821
+    accuracy = acc.item() / dist.get_world_size()  # noqa: F821
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    return accuracy
+
+
+def only_rank0_uses_the_sum(epoch, correct, seen, path):
+    accuracy = correct / seen
+    totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
+    dist.all_reduce(totals)  # noqa: F821
+    if dist.get_rank() == 0:  # noqa: F821
+        accuracy = (totals[0] / totals[1]).item()
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    return accuracy
+
+
+def forgot_the_checkpoint(epoch, correct, seen, path):
+    totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
+    dist.all_reduce(totals)  # noqa: F821
+    return (totals[0] / totals[1]).item()
+
+
+WRONG = {
+    "the original hang": (ex.end_of_epoch_broken,
+                          r"^hang at epoch 0 .*rank 0 waited in all_reduce \(called from end_of_epoch_broken.*"
+                          r"rank 1 did not join it: it returned after 0 collective"),
+    "a different deadlock: the barrier of the save": (
+        moved_the_all_reduce_only,
+        r"^hang at epoch 0 .*rank 0 waited in barrier \(called from save_checkpoint, its collective #2\).*"
+        r"rank 1 did not join it: it returned after 1 collective\(s\) \(all_reduce"),
+    "a different deadlock: mismatched collectives": (
+        a_barrier_for_the_others,
+        r"^hang at epoch 0 .*rank 0 waited in all_reduce.*rank 1 waited in barrier.*different collectives"),
+    "no hang, mean of accuracies": (mean_of_accuracies,
+                                    r"^wrong value at epoch 0 on rank 0: .*mean of the ranks' accuracies"),
+    "no hang, rank 1 keeps its own": (only_rank0_uses_the_sum,
+                                      r"^wrong value at epoch 0 on rank 1: .*own accuracy"),
+    "no hang, no checkpoint": (forgot_the_checkpoint, r"^no checkpoint"),
+}
+
+
+@pytest.mark.parity
+def test_the_reference_solution_passes():
+    assert ex.check_end_of_epoch(nb06_hang.end_of_epoch).startswith("correct")
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("name", list(WRONG))
+def test_each_typical_wrong_answer_is_named(name):
+    fn, pattern = WRONG[name]
+    with pytest.raises(AssertionError, match=pattern):
+        ex.check_end_of_epoch(fn)
+
+
+def test_the_verdict_reads_the_ranks_reports():
+    """Without processes: the one-line verdict built from two ranks' reports."""
+    waiting = {"calls": [{"op": "barrier", "caller": "save_checkpoint", "done": False}], "error": "x"}
+    returned = {"calls": [], "value": 0.2}
+    text = ex.verdict({0: [waiting], 1: [returned]}, 3.0, "failed")
+    assert text.startswith("hang at epoch 0 (timeout 3 s): rank 0 waited in barrier (called from save_checkpoint")
+    assert ex.verdict({0: [returned], 1: [returned]}, 3.0, "failed") == ""
