@@ -39,9 +39,6 @@ import datetime
 import gc
 import os
 import random
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from source_code import device_policy
+from source_code.rendezvous import free_port, meet, port_is_free, slurm_defaults
 from source_code.errors import LaunchError, run_main
 
 __all__ = ["LaunchError", "Context", "context", "pick_device", "ranks_from_env", "whoami",
@@ -104,36 +102,6 @@ def ranks_from_env(env=None) -> tuple[int, int, int, str] | None:
         return (int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)),
                 int(env["SLURM_STEP_NUM_TASKS"]), "srun")
     return None
-
-
-def _slurm_rendezvous_defaults(env) -> None:
-    """Under srun without torchrun: MASTER_ADDR = first host of the step, MASTER_PORT from the job id."""
-    if "MASTER_ADDR" not in env:
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-        if not nodelist:
-            raise LaunchError("error: MASTER_ADDR not set; export MASTER_ADDR=$(scontrol show "
-                              "hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) before srun")
-        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                               capture_output=True, text=True).stdout.split()
-        env["MASTER_ADDR"] = hosts[0]
-    # a port derived from the job id keeps two jobs sharing a node from colliding
-    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
-
-
-def port_is_free(port: int, host: str = "") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for demos that start their own processes)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -194,7 +162,7 @@ def whoami(launch_hint: str | None = None) -> tuple[Context, dist.Store | None]:
                           f"{launch_hint or 'torchrun --standalone --nproc-per-node=2 SCRIPT'}")
     rank, local_rank, world, launcher = found
     if launcher == "srun":
-        _slurm_rendezvous_defaults(os.environ)
+        slurm_defaults(os.environ)
     for key in ("MASTER_ADDR", "MASTER_PORT"):
         if key not in os.environ:
             raise LaunchError(f"error: {key} not set; launch with torchrun, which sets it, or "
@@ -206,7 +174,7 @@ def whoami(launch_hint: str | None = None) -> tuple[Context, dist.Store | None]:
     if launcher != "torchrun" and rank == 0 and not port_is_free(port):
         raise LaunchError(f"error: MASTER_PORT {port} is busy on this host; pick another, "
                           f"e.g. export MASTER_PORT={free_port()}")
-    store = _rendezvous(rank, world) if launcher != "torchrun" else None
+    store = meet(rank, world) if launcher != "torchrun" else None
     return _remember(Context(rank, local_rank, world, placed.device, placed.backend, launcher)), store
 
 
@@ -230,51 +198,6 @@ def setup(launch_hint: str | None = None, allow_single: bool = False,
                             timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=me.device if me.device.type == "cuda" else None)
     return me
-
-
-def _rendezvous(rank: int, world: int) -> dist.Store:
-    """Meet the other ranks at MASTER_ADDR:MASTER_PORT, or fail in one line naming who is missing.
-
-    Rank 0 hosts a TCPStore; every rank writes ``arrived/<rank>``; rank 0 waits at most
-    WORKSHOP_RENDEZVOUS_TIMEOUT seconds (default 120) for all of them, then tells the others
-    whether the job goes on. Without this a missing peer is a silent wait of many minutes.
-    """
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    wait_s = float(os.environ.get("WORKSHOP_RENDEZVOUS_TIMEOUT", "120"))
-    where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
-    try:
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=wait_s))
-    except Exception as exc:
-        if rank == 0:
-            raise LaunchError(f"error: rank 0 cannot listen on {where} ({exc}); export another "
-                              "MASTER_PORT (below 32768)") from None
-        raise LaunchError(f"error: rank {rank} found no rank 0 at {where} within {wait_s:.0f} s; "
-                          "start rank 0 with the same MASTER_ADDR/MASTER_PORT (or raise "
-                          "WORKSHOP_RENDEZVOUS_TIMEOUT)", every_rank=True) from None
-    store.set_timeout(datetime.timedelta(seconds=2 * wait_s + 30))
-    store.set(f"arrived/{rank}", "yes")
-    if rank == 0:
-        deadline = time.monotonic() + wait_s
-        while not store.check([f"arrived/{r}" for r in range(world)]):
-            if time.monotonic() > deadline:
-                missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
-                store.set("verdict", "missing")
-                raise LaunchError(
-                    f"error: rank(s) {', '.join(map(str, missing))} of WORLD_SIZE={world} never "
-                    f"reached {where} within {wait_s:.0f} s; start every rank with the same "
-                    "MASTER_ADDR/MASTER_PORT/WORLD_SIZE (or raise WORKSHOP_RENDEZVOUS_TIMEOUT)")
-            time.sleep(0.05)
-        store.set("verdict", "go")
-        return store
-    try:
-        verdict = store.get("verdict")  # blocks until rank 0 has decided
-    except Exception:
-        verdict = b"lost"
-    if verdict != b"go":
-        raise LaunchError(f"error: rank {rank}: rank 0 at {where} stopped waiting for the "
-                          "missing ranks (its message names them)", every_rank=True)
-    return store
 
 
 def _remember(ctx: Context) -> Context:
