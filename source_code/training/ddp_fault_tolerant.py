@@ -54,7 +54,7 @@ def train(me, args) -> dict:
         loss_sum = sums[me.rank] if len(sums) == me.world_size else sum(sums) / max(len(sums), 1)
         print0(f"resumed from {args.checkpoint} after epoch {start_epoch}"
                + (f", step {skip} of epoch {start_epoch + 1}" if skip else ""))
-    elif args.resume:  # first attempt of a restartable job: nothing to resume yet
+    elif args.resume:
         print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
     # the fault drill: rank 1 SIGKILLs itself after global step --crash-at-step, first attempt only
     faults.arm_crash(opt, args.crash_at_step, me.rank, me.world_size,
