@@ -1,7 +1,7 @@
 """Notebook 12's exercise: the fixed global mean passes; the hanging and the wrong versions fail."""
 import pytest
 
-from source_code.profiling import solution
+from source_code.solutions import nb12_profiling as solution
 from source_code.profiling.exercises import check_global_mean
 
 

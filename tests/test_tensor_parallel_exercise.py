@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from source_code.tensor_parallel import exercises
-from source_code.tensor_parallel.exercises import (ReferenceReduceFromTP, all_reduce,
-                                                   check_row_parallel, reference_row_parallel_forward)
+from source_code.solutions.nb10_tensor_parallel import ReferenceReduceFromTP, reference_row_parallel_forward
+from source_code.tensor_parallel.exercises import all_reduce, check_row_parallel
 
 
 def test_solution_passes():

@@ -12,8 +12,8 @@ Lesson files (notebook 12), in reading order:
 * hang.py            -- a rank skips an all-reduce: short timeout, DEBUG=DETAIL, flight recorder
 * flight_recorder.py -- dump the recorder and find the first collective where the ranks differ
 
-Harness: figures.py (figures of the notebook), exercises.py (check of the exercise),
-solution.py (its reference solution and the broken version).
+Harness: figures.py (figures of the notebook), exercises.py (check of the exercise; its
+reference solution and the broken version are in source_code/solutions/nb12_profiling.py).
 
     torchrun --standalone --nproc-per-node=2 -m source_code.profiling.profile_ddp --trace-dir traces
     python -m source_code.profiling.scaling --procs 1,2

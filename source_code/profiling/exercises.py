@@ -1,4 +1,4 @@
-"""Check function of notebook 12's exercise: find and fix a hang (solution: solution.py).
+"""Check function of notebook 12's exercise: find and fix a hang (solution: solutions/nb12_profiling.py).
 
     from source_code.profiling.exercises import check_global_mean
     check_global_mean(global_mean_loss)     # 2 processes, a 5-second collective timeout

@@ -15,7 +15,7 @@ Harness, measurements, checks:
 * harness.py   -- parity with the dense model, collective counts, saved-activation bytes
 * compare.py   -- own TP vs DTensor TP: collectives and step times in one run
 * figures.py   -- who holds which slice of each weight, collectives per block
-* exercises.py -- notebook 10's exercise: check function and reference solution
+* exercises.py -- notebook 10's exercise: check function (solution: solutions/nb10_tensor_parallel.py)
 
     torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train --impl own
     torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.compare

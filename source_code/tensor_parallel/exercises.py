@@ -12,7 +12,7 @@ using ``all_reduce(t)`` from this module (the sum over the ranks, out of place).
 simulated by threads of this process (functions of a notebook cell cannot be sent to other
 processes; the threads meet in a real sum) and compares the output and the gradients of x,
 W and b with a dense nn.Linear. A wrong answer raises AssertionError with a hint.
-The reference solution is ``ReferenceReduceFromTP`` / ``reference_row_parallel_forward``.
+The reference solution is in source_code/solutions/nb10_tensor_parallel.py.
 """
 from __future__ import annotations
 
@@ -50,22 +50,6 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
     out = t.detach().clone()
     dist.all_reduce(out)
     return out
-
-
-# --------------------------------------------------------------------------- reference
-class ReferenceReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, partial):
-        return all_reduce(partial)          # sum of the partial products
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad                         # d(sum)/d(my summand) = 1: every rank has the grad
-
-
-def reference_row_parallel_forward(x_local, w_local, bias, reduce=ReferenceReduceFromTP):
-    partial = x_local @ w_local.T           # (b, t, out): my share of x @ W^T
-    return reduce.apply(partial) + bias     # the bias once, after the sum
 
 
 # --------------------------------------------------------------------------- the check
