@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from source_code.cli import positive_int
-from source_code.distributed import all_reduce_mean, cleanup, print0, run_main
+from source_code.distributed import all_reduce_mean, print0, run_main
 from source_code.errors import LaunchError
 from source_code.frameworks import common
 from source_code.training import loop
@@ -91,14 +91,7 @@ def main(argv=None):
     common.check(args)
     job = common.Job()
     job.check_batch(args.batch_size)
-    torch.set_num_threads(1)
-    try:
-        train(args, job)
-    except BaseException:
-        cleanup(barrier=False)
-        raise
-    cleanup()
-    return 0
+    return common.run(train, args, job)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from source_code import data, device_policy
 from source_code.cli import Parser, writable_path
-from source_code.distributed import ranks_from_env
+from source_code.distributed import cleanup, ranks_from_env
 from source_code.errors import LaunchError
 from source_code.training import loop
 
@@ -108,3 +108,16 @@ def quiet(rank: int) -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning",
                  "DeepSpeed", "deepspeed", "accelerate", "torch.distributed"):
         logging.getLogger(name).setLevel(level)
+
+
+def run(train, args, job) -> int:
+    """``train(args, job)`` on one core per process, then the process group the framework
+    created ends cleanly (see distributed.cleanup): the same tail for every framework script."""
+    torch.set_num_threads(1)  # one core per process, as in the plain script
+    try:
+        train(args, job)
+    except BaseException:
+        cleanup(barrier=False)  # the other ranks may never reach a barrier
+        raise
+    cleanup()  # trainer and model are gone with train()'s frame
+    return 0

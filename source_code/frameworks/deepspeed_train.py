@@ -20,7 +20,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from source_code.distributed import all_reduce_mean, cleanup, print0, run_main
+from source_code.distributed import all_reduce_mean, print0, run_main
 from source_code.errors import LaunchError
 from source_code.frameworks import common
 from source_code.training import loop
@@ -105,14 +105,7 @@ def main(argv=None):
     job = common.Job()
     job.check_batch(args.batch_size)
     load_config(args)  # a bad file fails here, before any process group
-    torch.set_num_threads(1)
-    try:
-        train(args, job)
-    except BaseException:
-        cleanup(barrier=False)
-        raise
-    cleanup()
-    return 0
+    return common.run(train, args, job)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from source_code.distributed import all_reduce_mean, cleanup, print0, run_main
+from source_code.distributed import all_reduce_mean, print0, run_main
 from source_code.errors import LaunchError
 from source_code.frameworks import common
 from source_code.training import loop
@@ -104,14 +104,7 @@ def main(argv=None):
     if args.strategy == "fsdp" and job.device_type != "cuda":
         raise LaunchError("error: Lightning's FSDPStrategy needs GPUs; on CPU use --strategy "
                           "model-parallel (fully_shard through ModelParallelStrategy)")
-    torch.set_num_threads(1)  # one core per process, as in the plain script
-    try:
-        train(args, job)
-    except BaseException:
-        cleanup(barrier=False)  # the other ranks may never reach a barrier
-        raise
-    cleanup()  # trainer and model are gone with train()'s frame: see distributed.cleanup
-    return 0
+    return common.run(train, args, job)
 
 
 if __name__ == "__main__":
