@@ -1,56 +1,59 @@
 """Notebook 06's hang exercise: the reference solution passes; the original hang, two "fixes"
 that deadlock differently and three that no longer hang but are wrong are each named."""
 import pytest
+import torch
+import torch.distributed as dist
 
 from source_code.launch import hang_exercise as ex
+from source_code.launch.hang_exercise import save_checkpoint
 from source_code.solutions import nb06_hang
 
 # The typical wrong answers, written as a learner would in the notebook cell (the check runs
-# them with torch, dist and save_checkpoint in scope). noqa: those names come from the check.
+# their source with torch, dist and save_checkpoint in scope, as imported here).
 
 
 def moved_the_all_reduce_only(epoch, correct, seen, path):
-    totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
-    dist.all_reduce(totals)  # noqa: F821
+    totals = torch.tensor([correct, seen], dtype=torch.float64)
+    dist.all_reduce(totals)
     accuracy = (totals[0] / totals[1]).item()
-    if dist.get_rank() == 0:  # noqa: F821
-        save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    if dist.get_rank() == 0:
+        save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
     return accuracy
 
 
 def a_barrier_for_the_others(epoch, correct, seen, path):
     accuracy = correct / seen
-    if dist.get_rank() == 0:  # noqa: F821
-        totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
-        dist.all_reduce(totals)  # noqa: F821
+    if dist.get_rank() == 0:
+        totals = torch.tensor([correct, seen], dtype=torch.float64)
+        dist.all_reduce(totals)
         accuracy = (totals[0] / totals[1]).item()
-        save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+        save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
     else:
-        dist.barrier()  # noqa: F821  "wait for rank 0's save"
+        dist.barrier()  # "wait for rank 0's save"
     return accuracy
 
 
 def mean_of_accuracies(epoch, correct, seen, path):
-    acc = torch.tensor([correct / seen], dtype=torch.float64)  # noqa: F821
-    dist.all_reduce(acc)  # noqa: F821
-    accuracy = acc.item() / dist.get_world_size()  # noqa: F821
-    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    acc = torch.tensor([correct / seen], dtype=torch.float64)
+    dist.all_reduce(acc)
+    accuracy = acc.item() / dist.get_world_size()
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
     return accuracy
 
 
 def only_rank0_uses_the_sum(epoch, correct, seen, path):
     accuracy = correct / seen
-    totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
-    dist.all_reduce(totals)  # noqa: F821
-    if dist.get_rank() == 0:  # noqa: F821
+    totals = torch.tensor([correct, seen], dtype=torch.float64)
+    dist.all_reduce(totals)
+    if dist.get_rank() == 0:
         accuracy = (totals[0] / totals[1]).item()
-    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})  # noqa: F821
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
     return accuracy
 
 
 def forgot_the_checkpoint(epoch, correct, seen, path):
-    totals = torch.tensor([correct, seen], dtype=torch.float64)  # noqa: F821
-    dist.all_reduce(totals)  # noqa: F821
+    totals = torch.tensor([correct, seen], dtype=torch.float64)
+    dist.all_reduce(totals)
     return (totals[0] / totals[1]).item()
 
 
