@@ -1,5 +1,10 @@
 """Notebook 06's hang exercise: the reference solution passes; the original hang, two "fixes"
 that deadlock differently and three that no longer hang but are wrong are each named."""
+import inspect
+import json
+import time
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -85,8 +90,23 @@ def test_the_reference_solution_passes():
 @pytest.mark.parametrize("name", list(WRONG))
 def test_each_typical_wrong_answer_is_named(name):
     fn, pattern = WRONG[name]
+    start = time.monotonic()
     with pytest.raises(AssertionError, match=pattern):
         ex.check_end_of_epoch(fn)
+    # spawn(collective_timeout_s=3) reached init_process_group: the default would wait minutes
+    assert time.monotonic() - start < 30
+
+
+def _function_body(text: str, name: str) -> list[str]:
+    lines = text[text.index(f"def {name}("):].split("\n\n")[0].splitlines()[1:]
+    return [ln.strip() for ln in lines if "TODO" not in ln and '"""' not in ln]
+
+
+def test_the_notebook_starts_from_the_broken_version():
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks/06_launching.ipynb").read_text())
+    cell = next("".join(c["source"]) for c in nb["cells"] if "def end_of_epoch(" in "".join(c["source"]))
+    assert _function_body(cell, "end_of_epoch") == _function_body(
+        inspect.getsource(ex.end_of_epoch_broken), "end_of_epoch_broken")
 
 
 def test_the_verdict_reads_the_ranks_reports():
