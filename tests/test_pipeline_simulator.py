@@ -65,3 +65,14 @@ def test_deadlock_and_invalid_orders_are_reported():
         sim.stage_order("naive", 2, 4, 0)
     with pytest.raises(ValueError, match="unknown schedule"):
         sim.stage_order("zigzag", 2, 4, 0)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_messages_and_gaps_add_idle_time(m):
+    """GPipe, p = 2: the step grows by two messages and 2m - 1 gaps of the critical stage."""
+    fwd, bwd, comm, gap = 1.0, 2.0, 0.1, 0.05
+    tl = sim.simulate(sim.orders("gpipe", 2, m), fwd, bwd, comm, gap)
+    assert sim.step_time(tl) == pytest.approx((m + 1) * (fwd + bwd) + 2 * comm + (2 * m - 1) * gap)
+    assert sim.bubble_fraction(tl) > bubble_theory(2, m)
+    sim.validate(sim.orders("1f1b", 2, m), m)
+    assert sim.bubble_fraction(sim.simulate(sim.orders("1f1b", 2, m), fwd, bwd, comm, gap)) > bubble_theory(2, m)

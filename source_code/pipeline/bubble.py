@@ -2,17 +2,14 @@
 
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble
     torchrun --standalone --nproc-per-node=4 -m source_code.pipeline.bubble   # oversubscribed on 2 cores
+    torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --hold 0   # ops as computed
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --out bubble.json
 
 p = the number of processes, one stage each. The model is an MLP stack with the same work on
-every stage (the formula assumes equal stages) and a fixed microbatch size, so an operation
-costs the same for every m: tens of milliseconds. On CPU a message costs CPU time on both
-sides (the CPU is the interconnect), so the work of an operation grows with depth (64 layers
-per stage at p = 2) while a message (256 rows x 256 = 256 KB) stays small. Narrow layers keep
-a layer's working set within a core's L2 cache: two stages computing at once then do not slow
-each other down (width 1024 layers did, by ~15 %, so a stage's speed depended on the other's). For each m, GPipe and 1F1B run
---steps steps interleaved; every stage records the start and end of each forward and backward
-on one clock (perf_counter), and
+every stage and a fixed microbatch size (256 rows x width 256: a 256 KB message), so an
+operation costs the same for every m. For each m, GPipe and 1F1B run --steps steps
+interleaved after a warm-up step; every stage records the start and end of each forward and
+backward on one clock (perf_counter), and
 
     bubble = idle time / (p x step time)
 
@@ -22,15 +19,34 @@ step gives one value; the table shows the median over the steps. Last line:
 
     bubble_max_rel_error=E     (largest |measured - theory| / theory over m and schedules)
 
+At m = 8 the formula says 0.111, so E <= 0.10 leaves 0.011: about 10 ms of a 900 ms step.
+What used up that margin on 2 CPU cores (measured with per-operation timelines):
+
+* unequal stages: the formula assumes every stage takes the same time. Two identical
+  processes on the two cores differ by 0.3-6 % from second to second, and a stage 2 % slower
+  over a step makes the other wait for it: + 0.01 at m = 8 (E = 0.1) on its own. So every F
+  and B is held to a fixed duration (``--hold``: 1.15 x the slowest stage's median, measured
+  on a calibration step first): the stage computes, then holds until the time is up, like a
+  device of fixed speed (``schedules.run_step``'s ``hold``);
+* page faults: glibc gives the heap back to the OS when a step frees its activations, and
+  GPipe's m-th forward pays for its memory again (F7: 40-45 ms instead of 34 at m = 8):
+  ``keep_freed_memory``;
+* what the formula leaves out: a message takes ~0.4 ms from one stage's end to the next
+  one's start, and a stage spends ~0.3 ms between two operations posting its messages.
+  Column ``sim`` is the simulator's bubble with these measured costs; it stays above the
+  formula by 0.003 at m = 8 with 256 layers (0.006 with 128: longer operations dilute it).
+
 With more processes than cores (p = 4 on 2 cores) stages take turns on a core: the numbers
 are noisier and larger than the formula.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import statistics
 
 import torch
+import torch.distributed as dist
 
 from source_code.cli import Parser, positive_int, writable_path
 from source_code.distributed import LaunchError, print0, ranks_from_env, run_main, session
@@ -41,29 +57,91 @@ LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubbl
 SCHEDULES = ("gpipe", "1f1b")
 
 
-def measure(ms, steps: int, work: harness.Workload, warmup: int = 1) -> dict:
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory instead of giving it back to the OS (Linux; else no-op).
+
+    By default the heap is trimmed when a step frees its activations, and the next step's
+    peak (GPipe: m microbatches stored) is paid again in page faults: F7 took 40-45 ms instead
+    of 34 at m = 8. Returns whether the setting took."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3          # glibc's mallopt parameter numbers
+    return bool(libc.mallopt(m_trim_threshold, 1 << 30)) and bool(libc.mallopt(m_mmap_threshold, 1 << 25))
+
+
+def calibrate(work: harness.Workload, margin: float, device) -> dict | None:
+    """The fixed durations {"F": s, "B": s}: ``margin`` x the slowest stage's median forward
+    (backward) over a warm-up and one step of each schedule at m = 4. None if margin is 0."""
+    if margin == 0:
+        return None
+    res = harness.timed_steps(SCHEDULES, 4, 2, work, warmup=1)
+    mine = [r for name in SCHEDULES for rec in res[name]["records"] for r in rec]
+    med = torch.tensor([statistics.median(r["end"] - r["start"] for r in mine if r["kind"] == k)
+                        for k in "FB"], dtype=torch.float64, device=device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return {"F": margin * float(med[0]), "B": margin * float(med[1])}
+
+
+def overheads(timelines) -> tuple[float, float]:
+    """Medians over the measured steps: (message: producer's end -> consumer's start when the
+    consumer was waiting for it, gap: a stage's idle time between two operations otherwise)."""
+    msg, gap = [], []
+    for tl in timelines:
+        p = 1 + max(r["stage"] for r in tl)
+        end = {(r["kind"], r["stage"], r["mb"]): r["end"] for r in tl}
+        for s in range(p):
+            ops = sorted((r for r in tl if r["stage"] == s), key=lambda r: r["start"])
+            for k, r in enumerate(ops):
+                src = (r["stage"] - 1 if r["kind"] == "F" else r["stage"] + 1)
+                dep = end.get((r["kind"], src, r["mb"])) if 0 <= src < p else None
+                prev = ops[k - 1]["end"] if k else None
+                if dep is not None and (prev is None or dep > prev):
+                    msg.append(r["start"] - dep)
+                elif prev is not None:
+                    gap.append(r["start"] - prev)
+    return statistics.median(msg), statistics.median(gap)
+
+
+def predicted(name: str, p: int, m: int, fwd, bwd, comm: float, gap: float) -> float:
+    """The simulator's bubble with these costs (fwd, bwd: one per stage), messages and gaps."""
+    return simulator.bubble_fraction(simulator.simulate(simulator.orders(name, p, m), fwd, bwd, comm, gap))
+
+
+def measure(ms, steps: int, work: harness.Workload, warmup: int = 1, hold=None) -> dict:
     """On every rank: {schedule: {m: {"bubbles": [...], "step_s": [...], "timeline": records}}}."""
     out = {name: {} for name in SCHEDULES}
     for m in ms:
-        res = harness.timed_steps(SCHEDULES, m, steps, work, warmup=warmup)
+        res = harness.timed_steps(SCHEDULES, m, steps, work, warmup=warmup, hold=hold)
         for name in SCHEDULES:
             steps_records = [harness.gather_records(r) for r in res[name]["records"]]
             bubbles = [simulator.bubble_fraction(r) for r in steps_records]
             median_step = sorted(range(len(bubbles)), key=bubbles.__getitem__)[len(bubbles) // 2]
             out[name][m] = {"bubbles": bubbles, "step_s": res[name]["step_s"],
-                            "timeline": steps_records[median_step]}
+                            "timeline": steps_records[median_step], "all": steps_records}
     return out
 
 
-def table(result: dict, p: int) -> tuple[list[str], float]:
-    lines = [f"{'schedule':<9}{'m':>3}{'theory':>9}{'measured':>10}{'rel.err':>9}{'step ms':>9}"]
+def costs(result: dict, p: int) -> dict:
+    """Per-stage median F and B, message time and gap over every measured step (for the simulator)."""
+    tls = [tl for per_m in result.values() for r in per_m.values() for tl in r.pop("all")]
+    med = {k: [statistics.median(r["end"] - r["start"] for tl in tls for r in tl
+                                 if r["stage"] == s and r["kind"] == k) for s in range(p)] for k in "FB"}
+    comm, gap = overheads(tls)
+    return {"F": med["F"], "B": med["B"], "comm": comm, "gap": gap}
+
+
+def table(result: dict, p: int, cost: dict) -> tuple[list[str], float]:
+    lines = [f"{'schedule':<9}{'m':>3}{'theory':>9}{'measured':>10}{'rel.err':>9}{'sim':>8}{'step ms':>9}"]
     worst = 0.0
     for name, per_m in result.items():
         for m, r in per_m.items():
             theory, meas = bubble_theory(p, m), statistics.median(r["bubbles"])
             err = relative_error(meas, theory)
             worst = max(worst, err)
-            lines.append(f"{name:<9}{m:>3}{theory:>9.3f}{meas:>10.3f}{err:>9.3f}"
+            sim = predicted(name, p, m, cost["F"], cost["B"], cost["comm"], cost["gap"])
+            lines.append(f"{name:<9}{m:>3}{theory:>9.3f}{meas:>10.3f}{err:>9.3f}{sim:>8.3f}"
                          f"{1e3 * statistics.median(r['step_s']):>9.1f}")
     return lines, worst
 
@@ -73,8 +151,10 @@ def main(argv=None):
     ap.add_argument("--microbatches", default="1,2,4,8", help="comma-separated values of m")
     ap.add_argument("--steps", type=positive_int, default=3, help="measured steps per schedule and m")
     ap.add_argument("--width", type=positive_int, default=256, help="MLP width (work per layer ~ width^2)")
-    ap.add_argument("--layers", type=positive_int, default=128, help="MLP layers in total (divided among the stages)")
+    ap.add_argument("--layers", type=positive_int, default=256, help="MLP layers in total (divided among the stages)")
     ap.add_argument("--rows", type=positive_int, default=256, help="rows per microbatch")
+    ap.add_argument("--hold", type=float, default=1.15,
+                    help="every F (B) lasts this x the slowest stage's median F (B); 0: as computed")
     ap.add_argument("--out", type=writable_path, default="", help="write every measurement as JSON here (rank 0)")
     args = ap.parse_args(argv)
     try:
@@ -84,26 +164,45 @@ def main(argv=None):
                           "use e.g. --microbatches 1,2,4,8") from None
     if min(ms) < 1:
         raise LaunchError(f"error: --microbatches {args.microbatches}: every m must be >= 1")
+    if args.hold != 0 and not args.hold >= 1:
+        raise LaunchError(f"error: --hold {args.hold}: use 0 (no hold) or a factor >= 1, e.g. --hold 1.15")
     found = ranks_from_env()
     world = found[2] if found else 1
     if args.layers < world:
         raise LaunchError(f"error: --layers {args.layers} cannot fill {world} stages; use "
                           f"--layers {world} or more (one layer per stage at least)")
     torch.set_num_threads(1)  # one core per stage: the processes are the parallelism
+    kept = keep_freed_memory()
     work = harness.Workload(kind="mlp", layers=args.layers, dim=args.width, microbatch=args.rows)
     with session(launch_hint=LAUNCH, seed=0) as ctx:
         if ctx.world_size < 2:
             raise LaunchError(f"error: a pipeline needs at least 2 processes; run: {LAUNCH}")
-        result = measure(ms, args.steps, work)
-        lines, worst = table(result, ctx.world_size)
-        print0(f"bubble: p={ctx.world_size} stages, MLP width {args.width}, {args.layers} layers, "
-               f"{args.rows} rows per microbatch, median of {args.steps} steps")
+        p = ctx.world_size
+        hold = calibrate(work, args.hold, ctx.device)
+        result = measure(ms, args.steps, work, hold=hold)
+        cost = costs(result, p)
+        lines, worst = table(result, p, cost)
+        print0(f"bubble: p={p} stages, MLP width {args.width}, {args.layers} layers, "
+               f"{args.rows} rows per microbatch, median of {args.steps} steps"
+               f"{'' if kept else ' (freed memory returned to the OS: glibc not found)'}")
+        if hold:
+            over = sum(r["end"] - r["start"] > hold[r["kind"]] + 1e-3 for per_m in result.values()
+                       for v in per_m.values() for r in v["timeline"])
+            print0(f"hold: every F lasts {1e3 * hold['F']:.1f} ms, every B {1e3 * hold['B']:.1f} ms "
+                   f"({args.hold} x the slowest stage's median); median-step operations past their "
+                   f"hold by > 1 ms: {over}")
         print0("\n".join(lines))
+        print0(f"sim: the simulator with per-stage F {_ms(cost['F'])} ms, B {_ms(cost['B'])} ms, a message "
+               f"{1e3 * cost['comm']:.2f} ms, {1e3 * cost['gap']:.2f} ms between a stage's operations")
         if args.out and ctx.is_main:
             with open(args.out, "w") as f:
-                json.dump({"p": ctx.world_size, "result": result}, f)
+                json.dump({"p": p, "result": result, "hold": hold, "cost": cost}, f)
         print0(f"bubble_max_rel_error={worst:.4f}")
     return 0
+
+
+def _ms(values) -> str:
+    return "/".join(f"{1e3 * v:.1f}" for v in values)
 
 
 if __name__ == "__main__":

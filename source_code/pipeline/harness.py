@@ -71,7 +71,7 @@ class Workload:
 
 # --------------------------------------------------------------------------- own schedules
 def own_step(work: Workload, schedule: str, m: int, stage, link, x, y, count_bytes=False,
-             order=None) -> dict:
+             order=None, hold=None) -> dict:
     """One step of an own schedule on this rank (zero_grad first; gradients left in .grad)."""
     s, p = link.stage, link.n_stages
     order = order or simulator.stage_order(schedule, p, m, s)
@@ -80,7 +80,7 @@ def own_step(work: Workload, schedule: str, m: int, stage, link, x, y, count_byt
     return run_step(stage, order, link, work.act_shape(),
                     inputs=[_input(work, c.to(dev)) for c in x.chunk(m)] if s == 0 else None,
                     targets=[c.to(dev) for c in y.chunk(m)] if s == p - 1 else None,
-                    loss_fn=work.loss_fn(y), count_bytes=count_bytes)
+                    loss_fn=work.loss_fn(y), count_bytes=count_bytes, hold=hold)
 
 
 def _input(work: Workload, x):
@@ -136,9 +136,11 @@ def parity(schedule: str, m: int, work: Workload = Workload(), orders=None) -> d
 
 
 # --------------------------------------------------------------------------- timing
-def timed_steps(schedules, m: int, steps: int, work: Workload = Workload(), warmup: int = 1) -> dict:
+def timed_steps(schedules, m: int, steps: int, work: Workload = Workload(), warmup: int = 1,
+                hold=None) -> dict:
     """``warmup + steps`` steps of every schedule, interleaved step by step (a noisy neighbour
-    slows all alike); SGD updates so that every step is a real training step.
+    slows all alike); SGD updates so that every step is a real training step. ``hold``: the
+    fixed duration of every F and B of the own schedules (``schedules.run_step``), or None.
 
     Returns {schedule: {"step_s": [...], "records": [[...] per step] (own schedules)}} with
     step times measured on this rank between two barriers."""
@@ -152,7 +154,7 @@ def timed_steps(schedules, m: int, steps: int, work: Workload = Workload(), warm
             stage = work.stage(full, s, p)
             link = StageLink(s, p, ctx.device)
             opt = torch.optim.SGD(stage.parameters(), lr=1e-3)
-            runners[name] = (functools.partial(own_step, work, name, m, stage, link, x, y), opt)
+            runners[name] = (functools.partial(own_step, work, name, m, stage, link, x, y, hold=hold), opt)
         else:
             ids = library.stage_ids(name, s, p)
             mods = [work.stage(full, i, library.n_stages(name, p)).to(ctx.device) for i in ids]

@@ -13,6 +13,11 @@ GPipe or 1F1B, or any order a learner writes) for one training step:
 Each operation's start and end are taken with ``time.perf_counter()``: on one machine every
 process reads the same monotonic clock, so the records of all stages share one time axis
 (across nodes they would not). Only computation is timed: waiting for a message is idle.
+
+``hold`` (for measuring the bubble) makes every F last hold["F"] seconds and every B hold["B"]:
+the stage computes, then holds until that time has passed, like a device of fixed speed. The
+formula assumes stages of equal cost; two CPU cores of a shared machine are not (one runs the
+same work a few per cent slower than the other from second to second).
 """
 from __future__ import annotations
 
@@ -51,6 +56,16 @@ class SavedBytes:
         return total
 
 
+def hold_until(deadline: float) -> None:
+    """Return at ``deadline`` (perf_counter seconds): sleep, then spin the last half millisecond
+    (sleeping leaves the core to the message threads; spinning ends on time)."""
+    left = deadline - time.perf_counter()
+    if left > 5e-4:
+        time.sleep(left - 5e-4)
+    while time.perf_counter() < deadline:
+        pass
+
+
 def _needs(op, first: bool, last: bool, shape, dtype):
     """What operation ``op`` must receive before it can run: (shape, dtype, from where) or None."""
     kind, _ = op
@@ -62,7 +77,7 @@ def _needs(op, first: bool, last: bool, shape, dtype):
 
 
 def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=None,
-             dtype=torch.float32, count_bytes: bool = False) -> dict:
+             dtype=torch.float32, count_bytes: bool = False, hold: dict | None = None) -> dict:
     """Run ``order`` (a list of ("F" | "B", microbatch)) on this stage; return what happened.
 
     inputs: stage 0's microbatches (e.g. (b, t) token ids each); targets and loss_fn: the last
@@ -99,6 +114,8 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
             send = None if first else (x.grad, "prev")               # dL/dx (b, t, dim)
         if cuda:
             torch.cuda.synchronize(link.device)
+        if hold:
+            hold_until(start + hold[kind])
         records.append({"stage": link.stage, "kind": kind, "mb": i, "start": start,
                         "end": time.perf_counter()})
         peak_in_flight = max(peak_in_flight, len(stash))

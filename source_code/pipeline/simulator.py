@@ -10,7 +10,9 @@ per-operation costs, ``simulate`` computes when each operation starts and ends, 
 * F(s, i) needs the activation of F(s-1, i); B(s, i) needs F(s, i) done on its own stage and
   the gradient of B(s+1, i) (the last stage starts its backward from its own loss);
 * a message takes ``comm`` seconds; sending never blocks (the real runs post non-blocking
-  sends), so a stage only ever waits for what it receives.
+  sends), so a stage only ever waits for what it receives;
+* between two of its operations a stage spends ``gap`` seconds not computing (posting its
+  messages, bookkeeping): idle time that the formula (p - 1) / (m + p - 1) leaves out.
 
 The real runs (``schedules.run_step``) execute exactly these orders; their measured timelines
 are compared with the simulated ones in notebook 09.
@@ -109,8 +111,9 @@ def _per_stage(cost, p: int) -> list[float]:
     return [float(cost)] * p if isinstance(cost, (int, float)) else [float(c) for c in cost]
 
 
-def simulate(orders_: list[list[tuple[str, int]]], fwd=1.0, bwd=2.0, comm=0.0) -> list[Op]:
-    """Start and end of every operation; ``fwd``/``bwd`` are costs (one number, or one per stage).
+def simulate(orders_: list[list[tuple[str, int]]], fwd=1.0, bwd=2.0, comm=0.0, gap=0.0) -> list[Op]:
+    """Start and end of every operation; ``fwd``/``bwd`` are costs (one number, or one per stage),
+    ``comm`` the time of a message, ``gap`` a stage's idle time between two of its operations.
 
     Raises Deadlock when no stage can proceed (e.g. two stages each waiting for the other).
     """
@@ -128,7 +131,7 @@ def simulate(orders_: list[list[tuple[str, int]]], fwd=1.0, bwd=2.0, comm=0.0) -
                 ready = _ready_time(kind, s, i, p, done, comm)
                 if ready is None:
                     break
-                start = max(free[s], ready)
+                start = max(free[s] + (gap if nxt[s] else 0.0), ready)
                 end = start + (fwd[s] if kind == "F" else bwd[s])
                 done[(kind, s, i)] = free[s] = end
                 out.append(Op(s, kind, i, start, end))
