@@ -29,15 +29,16 @@ What used up that margin on 2 CPU cores (measured with per-operation timelines):
   on a calibration step first): the stage computes, then holds until the time is up, like a
   device of fixed speed (``schedules.run_step``'s ``hold``);
 * page faults: glibc gives the heap back to the OS when a step frees its activations, and
-  GPipe's m-th forward pays for its memory again (F7: 40-45 ms instead of 34 at m = 8):
-  ``keep_freed_memory``;
+  GPipe's m-th forward pays for its memory again (F7: 40-45 ms instead of 34 at m = 8 with
+  128 layers): ``keep_freed_memory``;
 * what the formula leaves out: a message takes ~0.4 ms from one stage's end to the next
   one's start, and a stage spends ~0.3 ms between two operations posting its messages.
   Column ``sim`` is the simulator's bubble with these measured costs; it stays above the
   formula by 0.003 at m = 8 with 256 layers (0.006 with 128: longer operations dilute it).
 
+With --hold 0 the same run gave E = 0.14 (stages 1-2 % apart at m = 8), with the hold 0.03-0.06.
 With more processes than cores (p = 4 on 2 cores) stages take turns on a core: the numbers
-are noisier and larger than the formula.
+are noisier and larger than the formula (E = 0.08 once, most operations past their hold).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def keep_freed_memory() -> bool:
 
     By default the heap is trimmed when a step frees its activations, and the next step's
     peak (GPipe: m microbatches stored) is paid again in page faults: F7 took 40-45 ms instead
-    of 34 at m = 8. Returns whether the setting took."""
+    of 34 at m = 8 with 128 layers. Returns whether the setting took."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
