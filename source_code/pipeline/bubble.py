@@ -25,9 +25,10 @@ What used up that margin on 2 CPU cores (measured with per-operation timelines):
 * unequal stages: the formula assumes every stage takes the same time. Two identical
   processes on the two cores differ by 0.3-6 % from second to second, and a stage 2 % slower
   over a step makes the other wait for it: + 0.01 at m = 8 (E = 0.1) on its own. So every F
-  and B is held to a fixed duration (``--hold``: 1.15 x the slowest stage's median, measured
-  on a calibration step first): the stage computes, then holds until the time is up, like a
-  device of fixed speed (``schedules.run_step``'s ``hold``);
+  and B is held to a fixed duration (``--hold``: 1.15 x the slowest stage's median in a
+  calibration step, GPipe at the largest m, where operations are slowest): the stage
+  computes, then holds until the time is up, like a device of fixed speed
+  (``schedules.run_step``'s ``hold``);
 * page faults: glibc gives the heap back to the OS when a step frees its activations, and
   GPipe's m-th forward pays for its memory again (F7: 40-45 ms instead of 34 at m = 8 with
   128 layers): ``keep_freed_memory``;
@@ -36,7 +37,7 @@ What used up that margin on 2 CPU cores (measured with per-operation timelines):
   Column ``sim`` is the simulator's bubble with these measured costs; it stays above the
   formula by 0.003 at m = 8 with 256 layers (0.006 with 128: longer operations dilute it).
 
-With --hold 0 the same run gave E = 0.14 (stages 1-2 % apart at m = 8), with the hold 0.03-0.06.
+With --hold 0 the same run gave E = 0.14 (stages 1-2 % apart at m = 8), with the hold 0.03-0.04.
 With more processes than cores (p = 4 on 2 cores) stages take turns on a core: the numbers
 are noisier and larger than the formula (E = 0.08 once, most operations past their hold).
 """
@@ -72,13 +73,14 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(m_trim_threshold, 1 << 30)) and bool(libc.mallopt(m_mmap_threshold, 1 << 25))
 
 
-def calibrate(work: harness.Workload, margin: float, device) -> dict | None:
+def calibrate(work: harness.Workload, margin: float, device, m: int) -> dict | None:
     """The fixed durations {"F": s, "B": s}: ``margin`` x the slowest stage's median forward
-    (backward) over a warm-up and one step of each schedule at m = 4. None if margin is 0."""
+    (backward) in a GPipe step with the largest m after a warm-up step (the most stored
+    activations: operations are slowest there). None if margin is 0."""
     if margin == 0:
         return None
-    res = harness.timed_steps(SCHEDULES, 4, 2, work, warmup=1)
-    mine = [r for name in SCHEDULES for rec in res[name]["records"] for r in rec]
+    res = harness.timed_steps(("gpipe",), m, 1, work, warmup=1)
+    mine = [r for rec in res["gpipe"]["records"] for r in rec]
     med = torch.tensor([statistics.median(r["end"] - r["start"] for r in mine if r["kind"] == k)
                         for k in "FB"], dtype=torch.float64, device=device)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
@@ -179,7 +181,7 @@ def main(argv=None):
         if ctx.world_size < 2:
             raise LaunchError(f"error: a pipeline needs at least 2 processes; run: {LAUNCH}")
         p = ctx.world_size
-        hold = calibrate(work, args.hold, ctx.device)
+        hold = calibrate(work, args.hold, ctx.device, max(ms))
         result = measure(ms, args.steps, work, hold=hold)
         cost = costs(result, p)
         lines, worst = table(result, p, cost)
