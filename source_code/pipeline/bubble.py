@@ -25,7 +25,7 @@ What used up that margin on 2 CPU cores (measured with per-operation timelines):
 * unequal stages: the formula assumes every stage takes the same time. Two identical
   processes on the two cores differ by 0.3-6 % from second to second, and a stage 2 % slower
   over a step makes the other wait for it: + 0.01 at m = 8 (E = 0.1) on its own. So every F
-  and B is held to a fixed duration (``--hold``: 1.15 x the slowest stage's median in a
+  and B is held to a fixed duration (``--hold``: 1.25 x the slowest stage's median in a
   calibration step, GPipe at the largest m, where operations are slowest): the stage
   computes, then holds until the time is up, like a device of fixed speed
   (``schedules.run_step``'s ``hold``);
@@ -156,7 +156,7 @@ def main(argv=None):
     ap.add_argument("--width", type=positive_int, default=256, help="MLP width (work per layer ~ width^2)")
     ap.add_argument("--layers", type=positive_int, default=256, help="MLP layers in total (divided among the stages)")
     ap.add_argument("--rows", type=positive_int, default=256, help="rows per microbatch")
-    ap.add_argument("--hold", type=float, default=1.15,
+    ap.add_argument("--hold", type=float, default=1.25,
                     help="every F (B) lasts this x the slowest stage's median F (B); 0: as computed")
     ap.add_argument("--out", type=writable_path, default="", help="write every measurement as JSON here (rank 0)")
     args = ap.parse_args(argv)
@@ -168,7 +168,7 @@ def main(argv=None):
     if min(ms) < 1:
         raise LaunchError(f"error: --microbatches {args.microbatches}: every m must be >= 1")
     if args.hold != 0 and not args.hold >= 1:
-        raise LaunchError(f"error: --hold {args.hold}: use 0 (no hold) or a factor >= 1, e.g. --hold 1.15")
+        raise LaunchError(f"error: --hold {args.hold}: use 0 (no hold) or a factor >= 1, e.g. --hold 1.25")
     found = ranks_from_env()
     world = found[2] if found else 1
     if args.layers < world:
