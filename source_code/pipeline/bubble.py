@@ -39,7 +39,8 @@ What used up that margin on 2 CPU cores (measured with per-operation timelines):
 
 With --hold 0 the same run gave E = 0.14 (stages 1-2 % apart at m = 8), with the hold 0.03-0.04.
 With more processes than cores (p = 4 on 2 cores) stages take turns on a core: the numbers
-are noisier and larger than the formula (E = 0.08 once, most operations past their hold).
+are noisier and larger than the formula (E = 0.08 and 0.04 in two runs; the holds sleep, so
+two stages share a core, but dozens of operations run past their hold).
 """
 from __future__ import annotations
 
