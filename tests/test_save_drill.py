@@ -2,7 +2,6 @@
 tells wrong answers apart from the reference solution."""
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest

@@ -16,7 +16,6 @@ stages are replicated twice, gradients summed with one all-reduce per stage
 """
 from __future__ import annotations
 
-from collections import Counter
 
 import torch
 import torch.distributed as dist

@@ -15,7 +15,6 @@ Memory: mesh_memory.py; communication: communication.py; the search: search.py.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.errors import LaunchError, run_main
