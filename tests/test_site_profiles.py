@@ -278,3 +278,28 @@ def test_master_port_stays_below_the_ephemeral_range():
                          capture_output=True, text=True, check=True)
     port, srun_cpus = res.stdout.split()
     assert 20000 <= int(port) < 32768 and srun_cpus == "2"
+
+
+def site_env(site) -> dict:
+    """The variables a site's ``site_environment`` exports (modules stubbed: no cluster here)."""
+    script = f"module() {{ :; }}; source slurm/sites/{site}.sh; site_environment; env -0"
+    res = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if "SOCKET_IFNAME" not in k})
+    return dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)
+
+
+@pytest.mark.parametrize("site", sp.sites())
+def test_gloo_sockets_use_the_interface_nccl_is_given(site):
+    """Sites that point NCCL at their fast interfaces point gloo (the CPU half of
+    cpu:gloo,cuda:nccl) at one of them too, not at whatever interface the hostname resolves to."""
+    env = site_env(site)
+    if "NCCL_SOCKET_IFNAME" not in env:
+        assert "GLOO_SOCKET_IFNAME" not in env, site
+        return
+    assert env.get("GLOO_SOCKET_IFNAME") in env["NCCL_SOCKET_IFNAME"].split(","), site
+
+
+def test_lumi_gloo_uses_the_first_slingshot_interface():
+    env = site_env("lumi")
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"  # LUMI's documented RCCL setting
+    assert env["GLOO_SOCKET_IFNAME"] == "hsn0"

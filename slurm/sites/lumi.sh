@@ -28,6 +28,9 @@ site_environment() {
     module load "${PYTORCH_MODULE:-pytorch}"
     # Slingshot-11: RCCL must use the high-speed interfaces, not the management network
     export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+    # the gloo half of the mixed backend (cpu:gloo,cuda:nccl: losses, checks, barriers on CPU
+    # tensors) opens its own sockets: on the first high-speed interface too (gloo takes one name)
+    export GLOO_SOCKET_IFNAME=hsn0
     export NCCL_NET_GDR_LEVEL=PHB
     # MIOpen's kernel cache on node-local /tmp, not on the shared file system (many ranks write
     # it at once); /tmp is per node, so slurm/per_node.sh creates the directory on every node
