@@ -87,10 +87,12 @@ def model_signature(model: torch.nn.Module) -> dict:
 
 def rng_state() -> dict:
     """This process's random streams. On a GPU only the current device's: each rank owns one
-    GPU, and a restart may put the rank on another index (or another node)."""
+    GPU, and a restart may put the rank on another index (or another node). Only a process
+    that computes on a GPU (CUDA initialised) reads it: asking would otherwise create a CUDA
+    context on GPU 0 for a rank that fell back to the CPU."""
     return {"python": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None}
 
 
 def set_rng_state(state: dict) -> None:
@@ -99,7 +101,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
+    if cuda is not None and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(cuda[0] if isinstance(cuda, list) else cuda)
 
 

@@ -46,12 +46,13 @@ import torch
 import torch.distributed as dist
 
 from source_code import device_policy
-from source_code.rendezvous import free_port, meet, port_is_free, slurm_defaults
+from source_code.rendezvous import (agent_store, decide_together, free_port, meet, port_is_free,
+                                    slurm_defaults)
 from source_code.errors import LaunchError, run_main
 
 __all__ = ["LaunchError", "Context", "context", "pick_device", "ranks_from_env", "whoami",
-           "setup", "settle", "cleanup", "session", "run_main", "print0", "seed_everything",
-           "all_reduce_mean", "free_port"]
+           "place", "setup", "settle", "cleanup", "session", "run_main", "print0", "seed_everything",
+           "all_reduce_mean", "report_device", "free_port"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,19 @@ def pick_device(local_rank: int = 0, local_world_size: int = 1) -> tuple[torch.d
     """(device, backend) for this process: ``device_policy.choose`` (read its docstring)."""
     placed = device_policy.choose(local_rank, local_world_size)
     return placed.device, placed.backend
+
+
+def place(rank: int, local_rank: int, world: int, store=None) -> device_policy.Placement:
+    """One device decision for the whole job (``device_policy``): every rank's view goes to
+    rank 0 through the rendezvous store (ours, or torchrun's agent store), rank 0 decides for
+    all, every rank applies its part or raises the same one-line error. Without a store to
+    share (world size 1, a launcher without one) the view of this process stands for its node."""
+    shared = store if store is not None else (agent_store() if world > 1 else None)
+    if shared is None:
+        return device_policy.choose(local_rank, device_policy.local_world_size(os.environ, world))
+    answer = decide_together(dist.PrefixStore("workshop/placement", shared), rank, world,
+                             device_policy.view_of(local_rank), device_policy.decide)
+    return device_policy.placement_from(answer, rank)
 
 
 def ranks_from_env(env=None) -> tuple[int, int, int, str] | None:
@@ -119,16 +133,30 @@ def print0(*args, **kwargs) -> None:
         print(*args, **kwargs, flush=True)
 
 
-def all_reduce_mean(value: float) -> float:
-    """The mean of a Python number over all ranks (a reporting helper).
+def report_device(group=None) -> torch.device:
+    """Where a small reporting tensor must live for a collective on ``group``.
 
-    A CPU tensor: gloo carries it, also in the mixed group of a GPU node. SUM then divide,
-    because gloo's ReduceOp.AVG arrived only in recent torch versions."""
+    Our own groups are gloo or the mixed ``cpu:gloo,cuda:nccl``: a CPU tensor goes through gloo.
+    A framework's group may be plain ``nccl`` (Lightning, Accelerate, DeepSpeed on a GPU), which
+    has no CPU backend ("No backend type associated with device type cpu"): there the tensor
+    goes to this process's current GPU."""
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend or "mpi" in backend or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def all_reduce_mean(value: float, group=None) -> float:
+    """The mean of a Python number over all ranks of ``group`` (a reporting helper).
+
+    The tensor lives where the group can carry it (``report_device``): the CPU through gloo,
+    also in the mixed group of a GPU node; the GPU in a framework's plain NCCL group.
+    SUM then divide, because gloo's ReduceOp.AVG arrived only in recent torch versions."""
     if not dist.is_initialized():
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.item() / dist.get_world_size()
+    t = torch.tensor([float(value)], dtype=torch.float64, device=report_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t.item() / dist.get_world_size(group)
 
 
 # --------------------------------------------------------------------------- setup / cleanup
@@ -167,14 +195,14 @@ def whoami(launch_hint: str | None = None) -> tuple[Context, dist.Store | None]:
         if key not in os.environ:
             raise LaunchError(f"error: {key} not set; launch with torchrun, which sets it, or "
                               f"export {key} (e.g. MASTER_ADDR=localhost MASTER_PORT=29500)")
-    placed = device_policy.choose(local_rank, device_policy.local_world_size(os.environ, world))
-    if placed.note and rank == 0:
-        print(placed.note, flush=True)
     port = int(os.environ["MASTER_PORT"])
     if launcher != "torchrun" and rank == 0 and not port_is_free(port):
         raise LaunchError(f"error: MASTER_PORT {port} is busy on this host; pick another, "
                           f"e.g. export MASTER_PORT={free_port()}")
     store = meet(rank, world) if launcher != "torchrun" else None
+    placed = place(rank, local_rank, world, store)
+    if placed.note and rank == 0:
+        print(placed.note, flush=True)
     return _remember(Context(rank, local_rank, world, placed.device, placed.backend, launcher)), store
 
 

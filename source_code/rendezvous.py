@@ -3,7 +3,9 @@
 torchrun gathers its processes itself. A job started another way (srun without torchrun, or
 variables set by hand) meets here: ``slurm_defaults`` derives MASTER_ADDR/MASTER_PORT from the
 Slurm step, ``meet`` hosts or joins a TCPStore and names the ranks that never arrive instead of
-waiting silently. ``distributed.whoami`` calls them; ``free_port`` serves demos and tests.
+waiting silently; ``decide_together`` lets rank 0 make one decision from every rank's view
+(the device policy's) before the process group exists, on that store or on torchrun's
+(``agent_store``). ``distributed.whoami`` calls them; ``free_port`` serves demos and tests.
 """
 from __future__ import annotations
 
@@ -28,8 +30,13 @@ def slurm_defaults(env) -> None:
         hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
                                capture_output=True, text=True).stdout.split()
         env["MASTER_ADDR"] = hosts[0]
-    # a port derived from the job id keeps two jobs sharing a node from colliding
-    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    env.setdefault("MASTER_PORT", str(job_port(env)))
+
+
+def job_port(env) -> int:
+    """A port derived from the job id, so two jobs sharing a node do not collide: the same
+    formula as slurm/common.sh (20000-29999, below the kernel's ephemeral ports)."""
+    return 20000 + int(env.get("SLURM_JOB_ID") or 0) % 10000
 
 
 def port_is_free(port: int, host: str = "") -> bool:
@@ -91,3 +98,36 @@ def meet(rank: int, world: int) -> dist.Store:
         raise LaunchError(f"error: rank {rank}: rank 0 at {where} stopped waiting for the "
                           "missing ranks (its message names them)", every_rank=True)
     return store
+
+
+def agent_store() -> dist.Store | None:
+    """Under torchrun: a client of the store its agent serves at MASTER_ADDR:MASTER_PORT (the
+    one ``init_process_group`` joins too), under a prefix of our own per restart; else None."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    wait_s = float(os.environ.get("WORKSHOP_RENDEZVOUS_TIMEOUT", "120"))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                          timeout=datetime.timedelta(seconds=wait_s), wait_for_workers=False)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"workshop/attempt_{attempt}", store)
+
+
+def decide_together(store: dist.Store, rank: int, world: int, mine: str, decide) -> str:
+    """Every rank posts ``mine``; rank 0 waits for all of them, posts ``decide(all views)``; every
+    rank returns that one answer. A rank that never posts is named in one line."""
+    store.set(f"view/{rank}", mine)
+    if rank == 0:
+        keys = [f"view/{r}" for r in range(world)]
+        wait_s = float(os.environ.get("WORKSHOP_RENDEZVOUS_TIMEOUT", "120"))
+        try:
+            store.wait(keys, datetime.timedelta(seconds=wait_s))
+        except Exception:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise LaunchError(f"error: rank(s) {', '.join(map(str, missing))} never said where they "
+                              f"compute within {wait_s:.0f} s; check their output for an earlier error") from None
+        store.set("decision", decide([store.get(k).decode() for k in keys]))
+    try:
+        return store.get("decision").decode()
+    except Exception:
+        raise LaunchError(f"error: rank {rank}: no device decision from rank 0 (its output says "
+                          "why)", every_rank=True) from None

@@ -156,3 +156,20 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, torchrun):
     torch.manual_seed(0)
     init = models.SmallCNN().state_dict()
     assert not torch.equal(init["features.0.weight"], straight["model"]["features.0.weight"])
+
+
+def test_a_cpu_rank_on_a_gpu_machine_never_touches_cuda(monkeypatch):
+    """A rank that fell back to the CPU (4 processes, 1 GPU) must not create a CUDA context on
+    GPU 0 just to save its random state: only a process that initialised CUDA reads it."""
+    import torch
+    from source_code import checkpoint
+
+    def touched(*args, **kwargs):
+        raise AssertionError("CUDA was touched by a CPU rank")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", touched)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", touched)
+    state = checkpoint.rng_state()
+    assert state["cuda"] is None
+    checkpoint.set_rng_state({**state, "cuda": torch.zeros(8, dtype=torch.uint8)})

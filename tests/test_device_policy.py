@@ -6,8 +6,9 @@ value, and the environment as a dict, so the GPU-node cases run on a laptop and 
 import pytest
 import torch
 
-from source_code.device_policy import (MIXED, DeviceError, Gpus, build_runs_on, choose,
-                                       gpus_announced, local_world_size)
+from source_code.device_policy import (MIXED, DeviceError, Gpus, build_runs_on, choose, decide,
+                                       gpus_announced, job_placements, local_world_size,
+                                       node_placements, placement_from, view_of)
 
 H100 = Gpus(True, count=4, capability=(9, 0), name="NVIDIA H100",
             arch_list=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"))
@@ -34,14 +35,6 @@ def test_more_processes_than_gpus_falls_back_to_cpu_with_one_line():
     assert (placed.device.type, placed.backend) == ("cpu", "gloo")
     assert "4 processes on this node but 1 GPU" in placed.note and "\n" not in placed.note
     assert "--nproc-per-node=1" in placed.note
-
-
-def test_srun_with_one_gpu_per_task_uses_cuda0_in_every_task():
-    env = {"SLURM_GPUS_PER_TASK": "1"}
-    for local_rank in range(4):
-        assert choose(local_rank, 4, env=env, gpus=ONE_GPU).device == torch.device("cuda", 0)
-    # LUMI's select-GPU wrapper: ROCR_VISIBLE_DEVICES=$SLURM_LOCALID in each task
-    assert choose(3, 8, env={"ROCR_VISIBLE_DEVICES": "3"}, gpus=ONE_GPU).device.type == "cuda"
 
 
 def test_cpu_on_purpose_wins_even_on_a_gpu_node():
@@ -100,3 +93,96 @@ def test_this_machine_follows_the_policy():
         assert (placed.device.type, placed.backend) == ("cuda", MIXED)
     else:
         assert (placed.device.type, placed.backend) == ("cpu", "gloo")
+
+
+# ------------------------------------------------------------ one decision for a node and a job
+def node_gpus(n: int) -> list[str]:
+    return [f"GPU-{i:04d}-uuid" for i in range(n)]
+
+
+def sees(*uuids: str, gpus: Gpus = H100) -> Gpus:
+    """What torch shows a process that sees these physical GPUs."""
+    return Gpus(True, len(uuids), gpus.capability, gpus.name, gpus.arch_list, gpus.hip, tuple(uuids))
+
+
+def devices(placed) -> list[str]:
+    return [str(p.device) for p in placed]
+
+
+def test_lumi_select_gpu_wrapper_gives_every_rank_its_own_gcd():
+    """ROCR_VISIBLE_DEVICES=$SLURM_LOCALID: each of 8 ranks sees one GCD, local rank 0 too."""
+    gcds = node_gpus(8)
+    envs = [{"ROCR_VISIBLE_DEVICES": str(i), "SLURM_GPUS_ON_NODE": "8"} for i in range(8)]
+    placed = node_placements(envs, [sees(g) for g in gcds])
+    assert devices(placed) == ["cuda:0"] * 8 and {p.backend for p in placed} == {MIXED}
+
+
+def test_map_gpu_ids_in_any_order_use_the_one_gpu_each_rank_sees():
+    """srun --gpu-bind=map_gpu:3,2,1,0 (or =closest): one GPU per task whose id is not its rank."""
+    uuids = node_gpus(4)
+    envs = [{"CUDA_VISIBLE_DEVICES": str(g)} for g in (3, 2, 1, 0)]
+    placed = node_placements(envs, [sees(uuids[g]) for g in (3, 2, 1, 0)])
+    assert devices(placed) == ["cuda:0"] * 4 and not any(p.note for p in placed)
+    # without UUIDs (old drivers) the single visible id tells the GPUs apart
+    placed = node_placements(envs, [Gpus(True, 1, (9, 0), "H100", H100.arch_list)] * 4)
+    assert devices(placed) == ["cuda:0"] * 4
+
+
+def test_two_ranks_that_see_the_same_single_gpu_both_go_to_the_cpu():
+    """CUDA_VISIBLE_DEVICES=1 and 2 processes: both see GPU 1; NCCL would fail on a duplicate GPU."""
+    uuid = node_gpus(2)[1]
+    placed = node_placements([{"CUDA_VISIBLE_DEVICES": "1"}] * 2, [sees(uuid)] * 2)
+    assert devices(placed) == ["cpu", "cpu"] and {p.backend for p in placed} == {"gloo"}
+    assert "2 processes on this node but 1 GPU" in placed[0].note
+
+
+def test_four_gpu_node_with_four_ranks_and_with_eight():
+    uuids = node_gpus(4)
+    placed = node_placements([{}] * 4, [sees(*uuids)] * 4)
+    assert devices(placed) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    placed = node_placements([{}] * 8, [sees(*uuids)] * 8)
+    assert devices(placed) == ["cpu"] * 8
+    assert "8 processes on this node but 4 GPU(s)" in placed[0].note and "--nproc-per-node=4" in placed[0].note
+
+
+def test_torchrun_children_of_one_slurm_task_share_what_the_task_holds():
+    """srun --ntasks-per-node=1 torchrun --nproc-per-node=4: the children see the task's GPUs."""
+    uuids = node_gpus(4)
+    env = {"SLURM_GPUS_PER_TASK": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert devices(node_placements([env] * 4, [sees(*uuids)] * 4)) == [f"cuda:{i}" for i in range(4)]
+    # the same task holding one GPU: SLURM_GPUS_PER_TASK does not make four GPUs out of one
+    env = {"SLURM_GPUS_PER_TASK": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    assert devices(node_placements([env] * 4, [sees(uuids[0])] * 4)) == ["cpu"] * 4
+
+
+def test_ranks_of_a_node_that_see_different_things_get_one_error():
+    envs = [{"ROCR_VISIBLE_DEVICES": str(i)} for i in range(2)]
+    with pytest.raises(DeviceError, match=r"local rank\(s\) 0 see no GPU while local rank\(s\) 1 do"):
+        node_placements(envs, [NO_GPU, sees(node_gpus(2)[1])])
+    with pytest.raises(DeviceError, match="ask for different devices"):
+        node_placements([{"WORKSHOP_DEVICE": "cpu"}, {}], [sees(*node_gpus(2))] * 2)
+
+
+def test_the_job_gets_one_kind_of_device():
+    uuids = node_gpus(4)
+    full = ([0, 1], [{}] * 2, [sees(*uuids[:2])] * 2)
+    short = ([2, 3], [{}] * 2, [sees(uuids[0])] * 2)  # this node's two ranks see one GPU
+    assert devices(job_placements({"n1": full, "n2": ([2, 3], [{}] * 2, [sees(*uuids[2:])] * 2)})) == \
+        ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    placed = job_placements({"n1": full, "n2": short})
+    assert devices(placed) == ["cpu"] * 4 and "2 processes on this node but 1 GPU" in placed[0].note
+    with pytest.raises(DeviceError, match=r"\(node n2\)"):
+        job_placements({"n1": full, "n2": ([2, 3], [{"SLURM_GPUS_ON_NODE": "2"}] * 2, [NO_GPU] * 2)})
+
+
+def test_views_travel_as_json_and_every_rank_reads_the_same_answer():
+    """What distributed.place sends through the store: each rank's view, rank 0's answer."""
+    uuids = node_gpus(8)
+    views = [view_of(i % 4, {"SLURMD_NODENAME": f"n{i // 4 + 1}", "ROCR_VISIBLE_DEVICES": str(i % 4)},
+                     sees(uuids[i])) for i in range(8)]
+    answer = decide(views)
+    assert [str(placement_from(answer, r).device) for r in range(8)] == ["cuda:0"] * 8
+    broken = decide([view_of(0, {"SLURMD_NODENAME": "n1", "SLURM_GPUS_ON_NODE": "1"}, NO_GPU)] * 2)
+    for rank in range(2):
+        with pytest.raises(DeviceError, match="cannot start CUDA"):
+            placement_from(broken, rank)

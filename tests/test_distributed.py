@@ -214,3 +214,47 @@ def test_other_training_scripts_refuse_bad_flags_the_same_way(module, argv, mess
     with pytest.raises(LaunchError) as err:
         mod.main(argv)
     assert message in err.value.message and "\n" not in err.value.message
+
+
+def test_ranks_that_disagree_on_the_device_print_the_same_line_and_never_wait():
+    """The device decision is exchanged through the rendezvous store before the group exists:
+    one rank asking for the CPU and one for the GPU stop together, each with the same line."""
+    port = distributed.free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "source_code.training.ddp", "--max-steps", "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_script_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                              MASTER_PORT=str(port), WORKSHOP_DEVICE=want))
+             for r, want in enumerate(("cpu", "auto"))]
+    errs = [p.communicate(timeout=60)[1].strip().splitlines()[-1] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], errs
+    assert errs[0] == errs[1] and "ask for different devices (WORKSHOP_DEVICE=cpu, auto" in errs[0]
+
+
+def test_torchrun_ranks_decide_through_the_agent_store(tmp_path):
+    script = tmp_path / "decided.py"
+    script.write_text(
+        "from source_code import distributed, rendezvous\n"
+        "ctx = distributed.setup()\n"
+        "found = rendezvous.agent_store().check(['workshop/placement/decision'])\n"
+        "print(f'rank {ctx.rank}: {ctx.device}, decided through the agent store: {found}', flush=True)\n"
+        "distributed.cleanup()\n")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "WORKSHOP_DEVICE": "cpu"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    for rank in range(2):
+        assert f"rank {rank}: cpu, decided through the agent store: True" in res.stdout, res.stdout
+    from source_code.rendezvous import agent_store
+    assert agent_store() is None  # outside torchrun there is none to join
+
+
+@pytest.mark.parametrize("job_id", ["7", "123457", "39999"])
+def test_the_job_port_is_the_same_in_python_and_in_the_job_scripts(root, job_id):
+    """srun without torchrun (rendezvous.py) and the job scripts (slurm/common.sh) derive one port."""
+    from source_code.rendezvous import job_port
+    line = next(ln for ln in (root / "slurm" / "common.sh").read_text().splitlines()
+                if ln.startswith("export MASTER_PORT="))
+    port = subprocess.run(["bash", "-c", f"unset MASTER_PORT; {line}; echo $MASTER_PORT"], text=True,
+                          capture_output=True, env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id},
+                          check=True).stdout.strip()
+    assert int(port) == job_port({"SLURM_JOB_ID": job_id}) < 32768
