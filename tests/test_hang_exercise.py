@@ -116,3 +116,17 @@ def test_the_verdict_reads_the_ranks_reports():
     text = ex.verdict({0: [waiting], 1: [returned]}, 3.0, "failed")
     assert text.startswith("hang at epoch 0 (timeout 3 s): rank 0 waited in barrier (called from save_checkpoint")
     assert ex.verdict({0: [returned], 1: [returned]}, 3.0, "failed") == ""
+
+
+def test_check_runs_on_the_cpu_with_gloo_on_every_machine(monkeypatch):
+    """On a GPU node the mixed group would send save_checkpoint's barrier through NCCL (an abort at
+    the timeout, no verdict): the check asks for the CPU explicitly."""
+    seen = {}
+
+    def fake_spawn(fn, world, *args, **kwargs):
+        seen.update(kwargs, world=world)
+        raise ex.ProcessesFailed("rank 0: stopped")
+    monkeypatch.setattr(ex, "spawn", fake_spawn)
+    with pytest.raises(AssertionError):
+        ex.check_end_of_epoch(ex.end_of_epoch_broken)
+    assert seen["device"] == "cpu" and seen["world"] == 2 and seen["collective_timeout_s"] == ex.TIMEOUT_S

@@ -2,13 +2,14 @@
 scaling efficiency, the flight-recorder comparison, the monitor."""
 import io
 import json
+import os
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from source_code import models
-from source_code.profiling import classify, flight_recorder, mfu, monitor, scaling
+from source_code import device_policy, models
+from source_code.profiling import classify, flight_recorder, hang, mfu, monitor, scaling
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -115,3 +116,25 @@ def test_progress_bar_only_on_a_terminal():
     silent = io.StringIO()
     monitor.Progress(4, enabled=False, stream=silent).update(4, 40)
     assert silent.getvalue() == ""
+
+
+def test_hang_drill_is_pinned_to_the_cpu_and_says_so_where_a_gpu_is(monkeypatch):
+    """On a GPU node the drill would mix gloo all-reduces with an NCCL barrier: it asks the device
+    policy for the CPU (WORKSHOP_DEVICE=cpu) and prints why where that overrides a GPU."""
+    monkeypatch.setenv("WORKSHOP_DEVICE", "auto")  # restored after the test
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    note = hang.pin_to_cpu()
+    assert os.environ["WORKSHOP_DEVICE"] == "cpu" and "on purpose" in note and "NCCL" in note
+    gpus = device_policy.Gpus(True, 2, (9, 0), "H100", ("sm_90",))
+    placed = device_policy.choose(0, 2, gpus=gpus)
+    assert (placed.device.type, placed.backend) == ("cpu", "gloo")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert hang.pin_to_cpu() == ""  # a CPU machine: nothing to explain
+
+
+def test_flight_recorder_reads_each_backends_own_recorder(monkeypatch):
+    import torch._C._distributed_c10d as c10d
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *a: json.dumps({"entries": ["gloo"]}), raising=False)
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: json.dumps({"entries": ["nccl"]}), raising=False)
+    assert flight_recorder.dump() == {"entries": ["gloo"]}
+    assert flight_recorder.dump("nccl") == {"entries": ["nccl"]}

@@ -33,3 +33,16 @@ def test_unfinished_answer_is_reported():
         raise NotImplementedError
     with pytest.raises(NotImplementedError, match="not done yet"):
         check_global_mean(todo)
+
+
+def test_check_runs_on_the_cpu_with_gloo_on_every_machine(monkeypatch):
+    from source_code.profiling import exercises
+    seen = {}
+
+    def fake_spawn(fn, world, *args, **kwargs):
+        seen.update(kwargs)
+        raise exercises.ProcessesFailed("rank 1: stopped")
+    monkeypatch.setattr(exercises, "spawn", fake_spawn)
+    with pytest.raises(AssertionError, match="failed on the processes"):
+        check_global_mean(solution.global_mean_loss)
+    assert seen["device"] == "cpu"

@@ -13,6 +13,13 @@ in when it hung (and which function called it), a wrong value, or a correct answ
 The function travels to the processes as source text (a function defined in a notebook cell
 cannot be pickled), so it must be self-contained: it may use ``torch``, ``dist`` and
 ``save_checkpoint``. Reference solution: ``source_code/solutions/nb06_hang.py``.
+
+The check runs on the CPU with gloo on every machine (``spawn(..., device="cpu")``), also on
+a GPU node, on purpose: the learner's function all-reduces CPU tensors, which go through gloo
+in the GPU nodes' mixed group ``cpu:gloo,cuda:nccl``, while ``save_checkpoint``'s
+``dist.barrier()`` would go through NCCL. A hang would then be one rank waiting in gloo and
+the other in NCCL, whose watchdog aborts the process at the timeout instead of raising: no
+per-rank report, no verdict. On gloo both ranks raise after the timeout and say where they were.
 """
 from __future__ import annotations
 

@@ -7,6 +7,9 @@
 its number of samples, and must return the mean loss over ALL ranks' samples, on every rank.
 The function travels to the processes as source text (a function defined in a notebook cell
 cannot be pickled), so it must be self-contained: it may use ``torch`` and ``dist``.
+The check runs on the CPU with gloo on every machine (``spawn(..., device="cpu")``), as the
+hang drill does (``hang.py``'s docstring says why): a collective that a rank skips then raises
+after the timeout on every rank, where NCCL's watchdog would abort the process.
 """
 from __future__ import annotations
 

@@ -7,6 +7,11 @@ names the collective one rank never made. On NCCL the entries also carry start a
 times, and ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` makes the watchdog write the dump by itself (files
 ``$TORCH_FR_DUMP_TEMP_FILE<rank>``; ``python -m torch.distributed.flight_recorder.fr_trace``
 analyses them). The gloo recorder (torch >= 2.8) has no completion times.
+
+The two backends keep separate recorders, each with its own sequence numbers: in the mixed
+group ``cpu:gloo,cuda:nccl`` of a GPU node the collectives on CPU tensors are in gloo's, those
+on CUDA tensors in NCCL's. ``dump()`` reads gloo's (the hang drill runs on gloo, see
+``hang.py``); ``dump("nccl")`` reads NCCL's.
 """
 from __future__ import annotations
 
@@ -15,10 +20,14 @@ import json
 import torch
 
 
-def dump() -> dict | None:
-    """This process's flight-recorder entries as a dict, or None where this torch has none."""
+RECORDERS = {"gloo": "_dump_fr_trace_json", "nccl": "_dump_nccl_trace_json"}
+
+
+def dump(backend: str = "gloo") -> dict | None:
+    """This process's entries in ``backend``'s flight recorder as a dict, or None where this
+    torch has no such recorder."""
     import torch._C._distributed_c10d as c10d
-    fn = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    fn = getattr(c10d, RECORDERS[backend], None)
     if fn is None:
         return None
     try:

@@ -11,6 +11,22 @@ rank 1 waits in the barrier. Without a timeout that wait lasts 30 minutes (gloo'
 is 10): here ``--timeout`` seconds, then each rank reports, dumps its flight recorder
 (TORCH_FR_BUFFER_SIZE), and rank 0 compares the dumps. The process exits 0 when the drill went
 as designed (the summary says hang_detected=1); a real job would stop with an error there.
+
+The drill runs on the CPU with gloo on every machine, also inside a GPU job: ``main`` sets
+``WORKSHOP_DEVICE=cpu`` (the device policy's own switch) before the group forms, and says so
+in one line where a GPU is visible. On purpose, because on a GPU node the policy's group is
+``cpu:gloo,cuda:nccl`` and the drill would not show what it is meant to show:
+
+* its all-reduces use CPU tensors (gloo), but ``dist.barrier()`` on that group goes through
+  NCCL: the two ranks would wait in two different backends, and NCCL's watchdog ends the
+  process at the timeout (an abort: no exception, no report, no dump);
+* NCCL collectives return as soon as they are queued (unless TORCH_NCCL_BLOCKING_WAIT=1): the
+  skipped all-reduce would never raise in Python, where the drill catches and reports it;
+* ``flight_recorder.dump()`` reads gloo's recorder; NCCL keeps its own (``dump("nccl")``).
+
+What it teaches (one rank skips a collective, a timeout, DETAIL, comparing recorders) is the
+same on NCCL; the NCCL-specific tools (TORCH_NCCL_DUMP_ON_TIMEOUT, the watchdog) are described
+in notebook 12.
 """
 from __future__ import annotations
 
@@ -29,6 +45,16 @@ from source_code.distributed import cleanup, ranks_from_env, run_main, setup
 from source_code.profiling import flight_recorder
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang"
+ON_CPU = ("note: the hang drill runs on the CPU with gloo on purpose (WORKSHOP_DEVICE=cpu): on the "
+          "GPUs its barrier would go through NCCL, whose watchdog aborts a rank instead of raising "
+          "(see the docstring of source_code/profiling/hang.py)")
+
+
+def pin_to_cpu() -> str:
+    """Make the device policy choose CPU + gloo for this drill (why: the module docstring).
+    Returns the line to print where that overrides a GPU, else ''."""
+    os.environ["WORKSHOP_DEVICE"] = "cpu"  # read by device_policy.choose when the group forms
+    return ON_CPU if torch.cuda.is_available() else ""
 
 
 def training_loop(steps: int, skip_at: int, fixed: bool, numel: int = 1000) -> int:
@@ -90,7 +116,10 @@ def main(argv=None):
     p.add_argument("--trace-dir", type=writable_path, default="traces", help="flight-recorder dumps")
     args = p.parse_args(argv)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "200")  # before the group starts
+    note = pin_to_cpu()
     torch.set_num_threads(1)
+    if note and (ranks_from_env() or (0,))[0] == 0:
+        print(note, flush=True)
     if (ranks_from_env() or (0,))[0] == 0:  # old dumps would be read as this run's
         for stale in Path(args.trace_dir).glob("fr_rank*.json"):
             stale.unlink(missing_ok=True)
