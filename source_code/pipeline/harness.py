@@ -26,7 +26,7 @@ from source_code import data, models
 from source_code.distributed import context
 from source_code.pipeline import library, simulator, stages
 from source_code.pipeline.comms import StageLink
-from source_code.pipeline.schedules import run_step
+from source_code.pipeline.schedules import clock, run_step
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,8 @@ def timed_steps(schedules, m: int, steps: int, work: Workload = Workload(), warm
     fixed duration of every F and B of the own schedules (``schedules.run_step``), or None.
 
     Returns {schedule: {"step_s": [...], "records": [[...] per step] (own schedules)}} with
-    step times measured on this rank between two barriers."""
+    step times measured on this rank between two barriers, the end once this rank's device
+    has finished its step (``schedules.clock``) and every rank has reached the barrier."""
     ctx = context()
     p, s = ctx.world_size, ctx.rank
     full = work.full_model().to(ctx.device)
@@ -172,10 +173,11 @@ def timed_steps(schedules, m: int, steps: int, work: Workload = Workload(), warm
         for name in schedules:
             run, opt = runners[name]
             dist.barrier()
-            start = time.perf_counter()
+            start = clock(ctx.device)
             rep = run()
             opt.step()
-            dist.barrier()
+            clock(ctx.device)   # this rank's step is done on its device (a GPU runs behind the CPU)
+            dist.barrier()      # and every rank's
             if it >= warmup:
                 out[name]["step_s"].append(time.perf_counter() - start)
                 if rep is not None:

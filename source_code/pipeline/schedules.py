@@ -13,6 +13,7 @@ GPipe or 1F1B, or any order a learner writes) for one training step:
 Each operation's start and end are taken with ``time.perf_counter()``: on one machine every
 process reads the same monotonic clock, so the records of all stages share one time axis
 (across nodes they would not). Only computation is timed: waiting for a message is idle.
+On a GPU both readings go through ``clock``, which first waits for the device (see there).
 
 ``hold`` (for measuring the bubble) makes every F last hold["F"] seconds and every B hold["B"]:
 the stage computes, then holds until that time has passed, like a device of fixed speed. The
@@ -56,6 +57,21 @@ class SavedBytes:
         return total
 
 
+def clock(device) -> float:
+    """``time.perf_counter()`` once ``device`` has finished everything queued on it so far.
+
+    On a GPU the CPU runs ahead: a forward returns when its kernels are queued, and NCCL's
+    ``Work.wait()`` makes the compute stream wait for a receive, not the CPU. A start read right
+    after a receive's ``wait()`` would count the wait for the message as busy time, and an end
+    read after the forward's call would come before the GPU did the work. So on CUDA the clock
+    is read after ``torch.cuda.synchronize`` (every stream of the device: compute and NCCL's):
+    after a receive it says when the message was there, after a computation when it was done.
+    On the CPU gloo's ``wait()`` blocks and operators compute when called: read it at once."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def hold_until(deadline: float) -> None:
     """Return at ``deadline`` (perf_counter seconds): sleep, then spin the last half millisecond
     (sleeping leaves the core to the message threads; spinning ends on time)."""
@@ -86,7 +102,6 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
     mb, start, end), losses (last stage), peak_in_flight and peak_bytes of stored activations.
     """
     first, last = link.stage == 0, link.stage == link.n_stages - 1
-    cuda = torch.device(link.device).type == "cuda"
     stash, sizes = {}, {}       # mb -> (input, output) kept for the backward; mb -> their bytes
     counter = SavedBytes(stage) if count_bytes else None
     records, losses, peak_in_flight, peak_bytes = [], [], 0, 0
@@ -96,7 +111,7 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
         nxt = _needs(order[k + 1], first, last, act_shape, dtype) if k + 1 < len(order) else None
         if link.early_receives and nxt is not None:
             pending = link.post_receive(nxt)       # gloo: the next message can land while we compute
-        start = time.perf_counter()
+        start = clock(link.device)                 # the message it needs has arrived
         if kind == "F":
             x = inputs[i] if first else inbox.requires_grad_()      # (b, t) ids | (b, t, dim)
             with counter.hooks() if counter else contextlib.nullcontext():
@@ -112,12 +127,11 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
             sizes.pop(i)
             torch.autograd.backward(y, None if last else inbox)      # inbox: dL/dy (b, t, dim)
             send = None if first else (x.grad, "prev")               # dL/dx (b, t, dim)
-        if cuda:
-            torch.cuda.synchronize(link.device)
+        end = clock(link.device)                   # the computation has finished
         if hold:
             hold_until(start + hold[kind])
-        records.append({"stage": link.stage, "kind": kind, "mb": i, "start": start,
-                        "end": time.perf_counter()})
+            end = time.perf_counter()
+        records.append({"stage": link.stage, "kind": kind, "mb": i, "start": start, "end": end})
         peak_in_flight = max(peak_in_flight, len(stash))
         peak_bytes = max(peak_bytes, sum(sizes.values()))
         if link.early_receives:
