@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import queue as queue_module
+import signal
 import subprocess
 import sys
+import threading
 import traceback
 
 import torch.multiprocessing as mp
@@ -39,23 +41,71 @@ def _device_env(device: str | None) -> dict:
     return {"WORKSHOP_DEVICE": device} if device else {}
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel: there process output is streamed into the cell as it comes."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
 def torchrun(module: str, *args, nproc: int = 2, env: dict | None = None, timeout: float = 600,
              check: bool = True, extra: list[str] | None = None,
-             device: str | None = None) -> subprocess.CompletedProcess:
+             device: str | None = None, stream: bool | None = None) -> subprocess.CompletedProcess:
     """Run ``torchrun --standalone --nproc-per-node=nproc -m module args``; return the result.
 
     stdout and stderr are merged into ``result.stdout``; with ``check`` a non-zero exit raises
-    ProcessesFailed showing the last lines, so a notebook cell fails as it should.
+    ProcessesFailed showing the last lines, so a notebook cell fails as it should. ``stream``
+    (default: inside a notebook) prints the program's lines as they come, torchrun's banner
+    left out, so a long cell shows it is working. After ``timeout`` seconds the launcher and
+    every process it started are killed.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", *(extra or []), "-m", module, *map(str, args)]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **_device_env(device), **(env or {})}
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=full_env, timeout=timeout)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                **_device_env(device), **(env or {})}
+    stream = in_notebook() if stream is None else stream
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, start_new_session=True)
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        _stop_launcher(proc)
+    timer = threading.Timer(timeout, expire)
+    timer.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if stream and rank_lines(line):
+                print(line, end="", flush=True)
+        proc.wait()
+    finally:  # an interrupted cell (KeyboardInterrupt) takes its processes with it
+        timer.cancel()
+        _stop_launcher(proc)
+    if expired.is_set():
+        raise subprocess.TimeoutExpired(cmd, timeout, output="".join(lines))
+    res = subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines))
     if check and res.returncode != 0:
         tail = "\n".join(res.stdout.splitlines()[-25:])
         raise ProcessesFailed(f"exit status {res.returncode}: {' '.join(cmd[2:])}\n{tail}")
     return res
+
+
+def _stop_launcher(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGTERM to torchrun, which stops its workers (each in a session of its own, out of reach
+    of a signal to torchrun's group); SIGKILL to what is left after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def rank_lines(text: str) -> str:
@@ -64,11 +114,29 @@ def rank_lines(text: str) -> str:
                      if "torch/distributed/run.py" not in ln and "OMP_NUM_THREADS" not in ln)
 
 
-def _worker(rank, world_size, port, device, fn, args, queue, collective_timeout_s=None):
+class _ToParent:
+    """A rank's stdout/stderr in a notebook: each write goes to the parent, which prints it
+    (a spawned child's own output would land in the terminal that started Jupyter)."""
+
+    def __init__(self, queue, rank: int):
+        self.queue, self.rank = queue, rank
+
+    def write(self, text: str) -> int:
+        if text:
+            self.queue.put((self.rank, None, text))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _worker(rank, world_size, port, device, fn, args, queue, collective_timeout_s=None, stream=False):
     from source_code.distributed import cleanup, setup
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), **_device_env(device))
+    if stream:
+        sys.stdout = sys.stderr = _ToParent(queue, rank)
     failed = False
     try:
         import torch
@@ -84,12 +152,13 @@ def _worker(rank, world_size, port, device, fn, args, queue, collective_timeout_
 
 
 def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None = None,
-          collective_timeout_s: float | None = None) -> list:
+          collective_timeout_s: float | None = None, stream: bool | None = None) -> list:
     """Run ``fn(*args)`` on ``world_size`` fresh processes in one process group; return per-rank results.
 
     ``collective_timeout_s`` goes to ``init_process_group(timeout=...)``: a collective that some
     rank never joins fails after that many seconds instead of the default minutes (the check
-    functions of the hang exercises use a few seconds). None keeps the default.
+    functions of the hang exercises use a few seconds). None keeps the default. ``stream``
+    (default: inside a notebook) prints what the ranks print, as it comes.
     """
     from source_code.distributed import free_port
     # as torchrun does: one OpenMP thread per process, inherited by the children (with the
@@ -99,8 +168,9 @@ def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None =
     _device_env(device)
     queue = ctx.Queue()
     port = free_port()
+    stream = in_notebook() if stream is None else stream
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, device, fn, args, queue,
-                                                   collective_timeout_s))
+                                                   collective_timeout_s, stream))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -114,7 +184,9 @@ def spawn(fn, world_size: int, *args, timeout: float = 300, device: str | None =
                 _stop(procs)
                 raise ProcessesFailed(f"processes died before reporting (rank, exit code): {dead}")
             continue
-        if ok:
+        if ok is None:  # a line the rank printed (stream)
+            print(value, end="", flush=True)
+        elif ok:
             results[rank] = value
         else:
             errors.append(f"rank {rank}:\n{value}")

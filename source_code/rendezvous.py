@@ -59,8 +59,9 @@ def meet(rank: int, world: int) -> dist.Store:
     """Meet the other ranks at MASTER_ADDR:MASTER_PORT, or fail in one line naming who is missing.
 
     Rank 0 hosts a TCPStore; every rank writes ``arrived/<rank>``; rank 0 waits at most
-    WORKSHOP_RENDEZVOUS_TIMEOUT seconds (default 120) for all of them, then tells the others
-    whether the job goes on. Without this a missing peer is a silent wait of many minutes.
+    WORKSHOP_RENDEZVOUS_TIMEOUT seconds (default 120) for all of them, saying every 10 s whom
+    it waits for, then tells the others whether the job goes on. Without this a missing peer
+    is a silent wait of many minutes.
     """
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     wait_s = float(os.environ.get("WORKSHOP_RENDEZVOUS_TIMEOUT", "120"))
@@ -78,9 +79,16 @@ def meet(rank: int, world: int) -> dist.Store:
     store.set_timeout(datetime.timedelta(seconds=2 * wait_s + 30))
     store.set(f"arrived/{rank}", "yes")
     if rank == 0:
-        deadline = time.monotonic() + wait_s
+        start, every = time.monotonic(), min(10.0, wait_s / 3)  # a silent wait looks like a hang
+        said = 0
         while not store.check([f"arrived/{r}" for r in range(world)]):
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited >= (said + 1) * every:
+                said += 1
+                missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
+                print(f"rank 0: waiting for rank(s) {', '.join(map(str, missing))} at {where} "
+                      f"({waited:.0f} of {wait_s:.0f} s)", flush=True)
+            if waited > wait_s:
                 missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
                 store.set("verdict", "missing")
                 raise LaunchError(

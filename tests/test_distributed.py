@@ -160,6 +160,9 @@ def test_missing_peer_is_named_after_a_short_wait():
         f"error: rank(s) 1, 2 of WORLD_SIZE=3 never reached MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} "
         "within 2 s; start every rank with the same MASTER_ADDR/MASTER_PORT/WORLD_SIZE "
         "(or raise WORKSHOP_RENDEZVOUS_TIMEOUT)")
+    # meanwhile rank 0 said whom it waited for (every 10 s; a third of a shorter timeout)
+    waits = [ln for ln in res.stdout.splitlines() if ln.startswith("rank 0: waiting for rank(s) 1, 2 at")]
+    assert len(waits) >= 2, res.stdout
 
 
 def test_worker_without_rank0_gives_up_with_the_address():
@@ -258,3 +261,24 @@ def test_the_job_port_is_the_same_in_python_and_in_the_job_scripts(root, job_id)
                           capture_output=True, env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id},
                           check=True).stdout.strip()
     assert int(port) == job_port({"SLURM_JOB_ID": job_id}) < 32768
+
+
+def _talk():
+    print(f"rank {distributed.context().rank} says hello")
+    return distributed.context().rank
+
+
+def test_processes_stream_their_lines_as_they_come_and_stop_at_the_timeout(capfd):
+    """Notebook cells see the ranks' output while they run (torchrun's banner left out); a
+    launch that outlives its timeout takes its workers with it."""
+    from source_code.processes import torchrun
+    assert spawn(_talk, 2, device="cpu", stream=True) == [0, 1]
+    out = capfd.readouterr().out
+    assert "rank 0 says hello" in out and "rank 1 says hello" in out
+    res = torchrun("source_code.launch.sync_check", nproc=2, device="cpu", stream=True)
+    out = capfd.readouterr().out
+    assert "in_sync=True" in out and "OMP_NUM_THREADS" not in out and out.strip() in res.stdout
+    with pytest.raises(subprocess.TimeoutExpired):
+        torchrun("source_code.training.ddp", "--epochs", 1000, nproc=2, device="cpu", timeout=4)
+    left = subprocess.run(["pgrep", "-f", "source_code.training.ddp --epochs 1000"], capture_output=True)
+    assert left.returncode == 1, left.stdout  # no process of that launch is left running
