@@ -303,3 +303,10 @@ def test_lumi_gloo_uses_the_first_slingshot_interface():
     env = site_env("lumi")
     assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"  # LUMI's documented RCCL setting
     assert env["GLOO_SOCKET_IFNAME"] == "hsn0"
+
+
+@pytest.mark.parametrize("gpus", ["0", "-2"])
+def test_zero_gpus_is_an_error_not_a_full_node(gpus, capsys):
+    assert sp.main(["--site", "puhti", "--gpus", gpus]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"error: --gpus {gpus}: these headers are for GPU jobs" in captured.err

@@ -232,7 +232,11 @@ def main(argv=None):
             return 0
         if not a.site:
             raise ProfileError(f"error: --site is required; one of: {', '.join(sites())}")
-        gpus = a.gpus or load(a.site).gpus_per_node
+        if a.gpus is not None and a.gpus < 1:  # 0 is not "the default": say what it would mean
+            raise ProfileError(f"error: --gpus {a.gpus}: these headers are for GPU jobs; give 1 or more "
+                               "GPUs, or leave --gpus out for one full node (CPU-only runs need no "
+                               "GPU request: e.g. sbatch --nodes=1 --ntasks-per-node=1 with WORKSHOP_DEVICE=cpu)")
+        gpus = a.gpus if a.gpus is not None else load(a.site).gpus_per_node
         if a.format == "header":
             print(header(a.site, gpus, a.launcher, a.time, a.account, a.test))
         elif a.format == "args":
