@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from source_code.cli import Parser, positive_int
-from source_code.distributed import cleanup, print0, run_main
+from source_code.distributed import cleanup, print0, report_device, run_main
 from source_code.frameworks import common
 from source_code.training import loop
 
@@ -36,15 +36,20 @@ def load(spec: str):
 
 
 def weight_spread(model) -> float:
-    """Largest difference of any weight between this rank and rank 0 (collective)."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """Largest difference of any weight between this rank and rank 0 (collective).
+
+    The tensors travel where the process group can carry them (``report_device``): the CPU
+    through gloo (Accelerator(cpu=True), our mixed group), this process's GPU through a
+    framework's plain NCCL group, which has no CPU backend."""
+    if not dist.is_initialized():
+        return 0.0
+    device = report_device()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(device)
     ref = flat.clone()
-    if dist.is_initialized():
-        dist.broadcast(ref, src=0)
-        diff = torch.tensor([(flat - ref).abs().max().item()])
-        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        return diff.item()
-    return 0.0
+    dist.broadcast(ref, src=0)
+    diff = (flat - ref).abs().max().reshape(1)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    return diff.item()
 
 
 def run_one(fn, epochs: int, world_size: int) -> dict:
