@@ -1,7 +1,8 @@
 """What a device mesh is, read from the mesh object itself.
 
-``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))`` arranges the 4 ranks of the
-job in a 2 x 2 grid, ``mesh.mesh``: the last dimension varies fastest, so consecutive ranks
+``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))`` ("cuda" on GPUs: the mesh's
+device type is the one its ranks compute on) arranges the 4 ranks of the job in a 2 x 2 grid,
+``mesh.mesh``: the last dimension varies fastest, so consecutive ranks
 (the ones that share a node under torchrun/Slurm) form the "tp" groups::
 
     mesh.mesh = [[0, 1],      row    = one dp index, its ranks form a tp group
@@ -14,6 +15,9 @@ weight after TP and FSDP2: (dp: _StridedShard(0), tp: Shard(0)).
 ``owner_map(p)`` shows where each element of a DTensor ``p`` lives: every rank fills its local
 shard with its own rank number and the shards are put back together with ``full_tensor()``,
 i.e. by the same collective that gathers the real weight.
+
+``describe`` builds the mesh and the model on this rank's device (``distributed.context()``):
+the CPU when notebook 11 spawns it with ``device="cpu"``, one GPU per process otherwise.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from source_code.distributed import context
 from source_code.sharding.measure import DTensor
 
 
@@ -55,8 +60,9 @@ def describe(dp: int = 2, tp: int = 2, names=("layers.0.attn.wq.weight", "layers
     from source_code.mesh.tp import build_2d
     from source_code.sharding import workload
     quiet_redistribute_warnings()
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    model = build_2d(workload.build_model(workload.model_config(), 0), mesh)
+    device = context().device
+    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = build_2d(workload.build_model(workload.model_config(), 0, device), mesh)
     params = dict(model.named_parameters())
     out = {"mesh": mesh.mesh.tolist(), "dim_names": list(mesh.mesh_dim_names),
            "tp_groups": groups(mesh.mesh, 1), "dp_groups": groups(mesh.mesh, 0),
@@ -71,5 +77,5 @@ def describe(dp: int = 2, tp: int = 2, names=("layers.0.attn.wq.weight", "layers
                                "local_shapes": shapes,
                                # numpy: pickled by value (a tensor would travel as a shared-memory
                                # handle that dies with the process that made it)
-                               "owners": owner_map(p).numpy()}
+                               "owners": owner_map(p).cpu().numpy()}
     return out

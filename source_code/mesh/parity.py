@@ -6,9 +6,14 @@
 Every rank builds the same full TransformerLM (workload.init_weights: seeded per parameter),
 then keeps its shards (tp.build_2d). The dp rank takes its B/dp samples of each global batch;
 the tp ranks of one dp group see the same samples. After ``--steps`` SGD steps (reference.make_optimizer) every weight
-is gathered (``full_tensor()``) and compared with the one-process reference. Last line:
+is gathered (``full_tensor()``) and compared with the one-process reference, trained on the
+same device. Last line:
 
-    parity: mesh=dp2xtp2 steps=S loss_diff=L max_abs_diff=D tol=T
+    parity: mesh=dp2xtp2 device=cuda steps=S loss_diff=L max_abs_diff=D tol=T
+
+The mesh and the model live on this rank's device (``distributed.context().device``): one GPU
+per process under torchrun on a GPU node (TF32 off, tolerance 1e-5: reference.exact), the CPU
+with gloo otherwise (tolerance 1e-6); ``--tol`` overrides the tolerance.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.cli import Parser, positive_float, positive_int
-from source_code.distributed import LaunchError, print0, ranks_from_env, run_main, session
+from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
 from source_code.mesh import reference
 from source_code.mesh.tp import build_2d, check_divisible
 from source_code.pipeline.stages import lm_loss
@@ -44,18 +49,21 @@ def run_2d(dp: int, tp: int, steps: int = 3, batch_size: int = 16, lr: float = 0
            seed: int = 0, dim: int = 64, layers: int = 2, heads: int = 4) -> dict:
     """Train on a dp x tp mesh (call on all dp*tp ranks); compare with the reference on rank 0.
 
-    Returns {"loss_diff", "max_abs_diff", "placements" (name -> str), "losses"} on every rank
-    (diffs are computed on every rank against its own reference: the model is tiny)."""
+    Returns {"loss_diff", "max_abs_diff", "placements" (name -> str), "losses", "device",
+    "tol"} on every rank (diffs are computed on every rank against its own reference, on the
+    same device: the model is tiny)."""
     quiet_redistribute_warnings()
+    device = context().device
+    tol = reference.exact(device)
     cfg = workload.model_config(dim=dim, n_layers=layers, n_heads=heads)
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    model = build_2d(workload.build_model(cfg, seed), mesh)
+    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = build_2d(workload.build_model(cfg, seed, device), mesh)
     opt = reference.make_optimizer(model.parameters(), lr)
     data = reference.batches(steps, batch_size, seed)
     me = mesh["dp"].get_local_rank()
     losses = []
     for x, y in data:
-        xs, ys = workload.rank_slice((x, y), me, dp)
+        xs, ys = (t.to(device) for t in workload.rank_slice((x, y), me, dp))
         # this slice's share of the global mean; FSDP2 averages over dp, so x dp to add up
         loss = lm_loss(model(xs), ys, reference.n_valid(y)) * dp
         loss.backward()
@@ -66,10 +74,10 @@ def run_2d(dp: int, tp: int, steps: int = 3, batch_size: int = 16, lr: float = 0
         losses.append(total.item())
     got = full_weights(model)
     placements = {n: str(tuple(p.placements)) for n, p in model.named_parameters()}
-    want, ref_losses = reference.train_reference(cfg, seed, data, lr)
+    want, ref_losses = reference.train_reference(cfg, seed, data, lr, device)
     return {"loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
             "max_abs_diff": max((got[n] - want[n]).abs().max().item() for n in want),
-            "placements": placements, "losses": losses}
+            "placements": placements, "losses": losses, "device": device.type, "tol": tol}
 
 
 def main(argv=None):
@@ -78,7 +86,8 @@ def main(argv=None):
     p.add_argument("--steps", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=16, help="global batch")
     p.add_argument("--lr", type=positive_float, default=0.1)
-    p.add_argument("--tol", type=positive_float, default=1e-6)
+    p.add_argument("--tol", type=positive_float, default=None,
+                   help="max |weight difference| (default: 1e-6 on the CPU, 1e-5 on CUDA)")
     args = p.parse_args(argv)
     found = ranks_from_env()
     world = found[2] if found else 1
@@ -92,9 +101,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH, allow_single=True):
         r = run_2d(dp, args.tp, args.steps, args.batch_size, args.lr)
-        print0(f"parity: mesh=dp{dp}xtp{args.tp} steps={args.steps} loss_diff={r['loss_diff']:.3g} "
-               f"max_abs_diff={r['max_abs_diff']:.3g} tol={args.tol:g}")
-    return 0 if r["max_abs_diff"] <= args.tol else 1
+        tol = args.tol or r["tol"]
+        print0(f"parity: mesh=dp{dp}xtp{args.tp} device={r['device']} steps={args.steps} "
+               f"loss_diff={r['loss_diff']:.3g} max_abs_diff={r['max_abs_diff']:.3g} tol={tol:g}")
+    return 0 if r["max_abs_diff"] <= tol else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the workshop's CPU runs actually hold and send, counted on real processes.
+"""What the workshop's runs actually hold and send, counted on real processes.
 
 ``measure_all`` (run on 4 ranks by processes.spawn) trains the workshop's TransformerLM one
 AdamW step in each configuration of ``CONFIGS`` and counts, on rank 0:
@@ -13,6 +13,11 @@ AdamW step in each configuration of ``CONFIGS`` and counts, on rank 0:
 "pp_dp" is a 2-stage GPipe pipeline (torch.distributed.pipelining, 2 micro-batches) whose
 stages are replicated twice, gradients summed with one all-reduce per stage
 (mesh/pipeline3d.py without tp); its activations are not counted (the schedule keeps them).
+
+Everything lives on this rank's device (``distributed.context().device``): the CPU when
+planner/check.py spawns the 4 ranks with ``device="cpu"``, one GPU per rank (CUDA meshes, DDP
+with device_ids) when spawned with ``device="auto"`` on a node with 4 GPUs. Bytes of tensors
+and payloads of collectives do not depend on the device.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from source_code.distributed import context
 from source_code.mesh.tp import apply_fsdp, apply_tp, build_2d
 from source_code.pipeline.stages import lm_loss
 from source_code.planner.spec import Config
@@ -69,16 +75,17 @@ def config_of(name: str) -> Config:
 
 
 def build(name: str, cfg: dict):
-    """(model, dp index of this rank) for one configuration on the 4 ranks."""
+    """(model, dp index of this rank) for one configuration on the 4 ranks, on this rank's device."""
+    ctx = context()
     dp, tp, zero, _ = CONFIGS[name]
-    model = workload.build_model(cfg, 0)
+    model = workload.build_model(cfg, 0, ctx.device)
     if name == "ddp":
-        return DDP(model), dist.get_rank()
+        return DDP(model, device_ids=ctx.device_ids), dist.get_rank()
     if name == "fsdp":
-        return apply_fsdp(model, init_device_mesh("cpu", (dp,))), dist.get_rank()
+        return apply_fsdp(model, init_device_mesh(ctx.device.type, (dp,))), dist.get_rank()
     if name == "tp":
-        return apply_tp(model, init_device_mesh("cpu", (tp,))), 0
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        return apply_tp(model, init_device_mesh(ctx.device.type, (tp,))), 0
+    mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     return build_2d(model, mesh), mesh["dp"].get_local_rank()
 
 
@@ -88,12 +95,13 @@ def measure_pipeline(name: str) -> dict:
     from source_code.mesh.pipeline3d import all_reduce_grads, make_schedule
     from source_code.pipeline.stages import TransformerStage
     dp, _, _, pp = CONFIGS[name]
-    mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
+    device = context().device
+    mesh = init_device_mesh(device.type, (pp, dp), mesh_dim_names=("pp", "dp"))
     s, me = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    module = TransformerStage(workload.build_model(workload.model_config(), 0), s, pp)
-    stage = PipelineStage(module, s, pp, torch.device("cpu"), group=mesh["pp"].get_group())
+    module = TransformerStage(workload.build_model(workload.model_config(), 0, device), s, pp)
+    stage = PipelineStage(module, s, pp, device, group=mesh["pp"].get_group())
     x, y = workload.global_batch(workload.sort_task(n=64), 0, BATCH)
-    xs, ys = workload.rank_slice((x, y), me, dp)
+    xs, ys = (t.to(device) for t in workload.rank_slice((x, y), me, dp))
     count = int((y != -100).sum())
     schedule = make_schedule(stage, MICRO_BATCHES, lambda out, tgt: lm_loss(out, tgt, count))
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
@@ -123,7 +131,7 @@ def measure(name: str) -> dict:
     model, me = build(name, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = workload.global_batch(workload.sort_task(n=64), 0, BATCH)
-    xs, ys = workload.rank_slice((x, y), me, dp)
+    xs, ys = (t.to(context().device) for t in workload.rank_slice((x, y), me, dp))
     saved = []
 
     def pack(t):

@@ -7,7 +7,12 @@
   loss and gradients, DTensor vs dense and vs own; collectives of one step counted by our
   ledger (own) and by ``CommDebugMode`` (DTensor), forward and backward separately.
 * ``step_times``: own and DTensor training steps (forward, backward, SGD) alternating in one
-  run, each timed between barriers; the median ratio own / DTensor.
+  run, each timed between barriers (and a CUDA synchronize on a GPU); the median ratio own / DTensor.
+
+Both compute on this rank's device (``distributed.context().device``): the CPU when notebook
+10 spawns them with ``device="cpu"``, one GPU per process under torchrun on a GPU node, where
+the DTensor mesh is a CUDA mesh, TF32 is off and the parity tolerance is
+``harness.tolerance`` (1e-5 on the CPU, 1e-4 on CUDA).
 """
 from __future__ import annotations
 
@@ -19,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from source_code.cli import Parser, positive_int
-from source_code.distributed import print0, run_main, session
+from source_code.distributed import context, print0, run_main, session
 from source_code.tensor_parallel import comm, dtensor
-from source_code.tensor_parallel.harness import Workload, lm_loss, max_diff
+from source_code.tensor_parallel.harness import Workload, lm_loss, max_diff, on_device, tolerance
 from source_code.tensor_parallel.model import TPTransformerLM, dense_slice
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.compare"
@@ -65,8 +70,8 @@ def _counts(mode) -> dict:
 
 def build_library(dense, sequence_parallel: bool, vocab_parallel_head: bool = False,
                   shared_input: bool = True):
-    mesh = dtensor.init_device_mesh("cpu" if dense.head.weight.device.type == "cpu" else "cuda",
-                                    (dist.get_world_size(),))
+    """A DTensor copy of ``dense`` on a 1-D mesh of this job's device type (cpu or cuda)."""
+    mesh = dtensor.init_device_mesh(context().device.type, (dist.get_world_size(),))
     return dtensor.parallelize(copy.deepcopy(dense), mesh, sequence_parallel, vocab_parallel_head,
                                shared_input)
 
@@ -75,8 +80,7 @@ def library_parity(work: Workload, sequence_parallel: bool = False,
                    vocab_parallel_head: bool = False, shared_input: bool = True) -> dict:
     """Run on every rank: dense vs own vs DTensor, one forward + backward, collectives counted."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dense = work.model()
-    x, y = work.batch_tensors()
+    dense, x, y = on_device(work)
     ref_logits = dense(x)
     ref_loss = lm_loss(ref_logits, y)
     ref_loss.backward()
@@ -109,7 +113,8 @@ def library_parity(work: Workload, sequence_parallel: bool = False,
             "lib_optimizer": _counts(opt_mode),
             "own_forward": {op: ledger.count(op, "forward") for op, ph in ledger.table() if ph == "forward"},
             "own_backward": {op: ledger.count(op, "backward") for op, ph in ledger.table() if ph == "backward"},
-            "own_table": ledger.table(), "grad_placements": placements}
+            "own_table": ledger.table(), "grad_placements": placements,
+            "device": x.device.type, "tol": tolerance(x.device)}
 
 
 def library_report(work: Workload) -> dict:
@@ -129,22 +134,28 @@ def _step(model, opt, x, y, own: bool):
     opt.step()
 
 
+def _wait(device) -> None:
+    """Everyone's work done: this GPU's queued kernels, then every rank (a barrier)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+
+
 def step_times(work: Workload = TIMING, steps: int = 20, sequence_parallel: bool = False,
                warmup: int = 3) -> dict:
     """Run on every rank: own and DTensor steps alternating; per-step seconds and the median ratio."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dense = work.model()
-    x, y = work.batch_tensors()
+    dense, x, y = on_device(work)
     models = {"own": TPTransformerLM(dense, rank, world, sequence_parallel),
               "dtensor": build_library(dense, sequence_parallel)}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
     times = {k: [] for k in models}
     for i in range(warmup + steps):
         for k in (("own", "dtensor") if i % 2 == 0 else ("dtensor", "own")):  # alternate who goes first
-            dist.barrier()
+            _wait(x.device)
             t0 = time.perf_counter()
             _step(models[k], opts[k], x, y, own=k == "own")
-            dist.barrier()
+            _wait(x.device)
             if i >= warmup:
                 times[k].append(time.perf_counter() - t0)
     ratios = [a / b for a, b in zip(times["own"], times["dtensor"])]
@@ -162,8 +173,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
         par = library_parity(Workload(), args.sequence_parallel)
-        print0(f"parity: DTensor vs dense logits {par['logits_diff']:.2e} grads {par['grad_diff']:.2e}, "
-               f"vs own grads {par['grad_diff_vs_own']:.2e}")
+        worst = max(par["logits_diff"], par["loss_diff"], par["grad_diff"], par["grad_diff_vs_own"])
+        print0(f"parity on {ctx.device.type}: DTensor vs dense logits {par['logits_diff']:.2e} grads "
+               f"{par['grad_diff']:.2e}, vs own grads {par['grad_diff_vs_own']:.2e} (tol {par['tol']:g}"
+               f"{', TF32 off' if ctx.device.type == 'cuda' else ''})")
         print0(f"collectives forward: own {par['own_forward']} DTensor {par['lib_forward']}")
         print0(f"collectives backward: own {par['own_backward']} DTensor {par['lib_backward']}"
                f" + {par['lib_optimizer']} in the optimizer step")
@@ -171,7 +184,7 @@ def main(argv=None):
         print0(f"step time median: own {t['median_own'] * 1e3:.1f} ms, DTensor "
                f"{t['median_dtensor'] * 1e3:.1f} ms, own/DTensor {t['median_ratio']:.2f} "
                f"({args.steps} interleaved steps, {ctx.world_size} ranks)")
-    return 0
+    return 0 if worst <= par["tol"] else 1
 
 
 if __name__ == "__main__":

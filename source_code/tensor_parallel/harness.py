@@ -8,6 +8,10 @@
 
     from source_code.processes import spawn
     spawn(parity, 2, Workload(), False, device="cpu")     # one dict per rank
+
+Every check computes where the process group's Context says (``distributed.context().device``):
+the CPU when the notebook spawns with ``device="cpu"``, this rank's GPU under torchrun on a GPU
+node, with TF32 off there (``device_policy.exact_math``) and the tolerance of ``tolerance``.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from source_code import models
+from source_code import device_policy, models
+from source_code.distributed import context
 from source_code.tensor_parallel import comm
 from source_code.tensor_parallel.model import TPTransformerLM, dense_slice
 
@@ -45,6 +50,28 @@ class Workload:
         return tokens[:, :-1], tokens[:, 1:]          # inputs, next-token targets
 
 
+def on_device(work: Workload):
+    """(dense model, inputs, targets) of ``work`` on this rank's device (``context().device``);
+    on a GPU the math is made exact first (TF32 off), as every parity check needs."""
+    device = context().device
+    if device.type == "cuda":
+        device_policy.exact_math()
+    x, y = work.batch_tensors()
+    return work.model().to(device), x.to(device), y.to(device)
+
+
+def tolerance(device) -> float:
+    """The max |difference| a TP parity check accepts on ``device`` (logits, loss, gradients).
+
+    CPU: 1e-5, fp32 sums of the same numbers in another order (a split matmul adds n partial
+    sums; the dense one adds them in one loop). CUDA, TF32 off: 1e-4. cuBLAS picks other
+    kernels (another blocking, split-K) for a slice than for the whole matrix, and NCCL adds
+    the partial sums of 3 or more ranks in ring or tree order, which differs from rank to rank
+    and from the order of the dense sum; errors of a few fp32 ulps of the O(1) logits then add
+    up over the blocks and through the backward."""
+    return 1e-4 if torch.device(device).type == "cuda" else 1e-5
+
+
 def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -64,8 +91,7 @@ def parity(work: Workload, sequence_parallel: bool = False, vocab_parallel: bool
     """Run on every rank of a group: dense vs TP, one forward and backward. With
     ``vocab_parallel`` the logits of my slice of the vocabulary are compared."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dense = work.model()
-    x, y = work.batch_tensors()
+    dense, x, y = on_device(work)
     ref_logits = dense(x)
     ref_loss = lm_loss(ref_logits, y)
     ref_loss.backward()
@@ -83,7 +109,7 @@ def parity(work: Workload, sequence_parallel: bool = False, vocab_parallel: bool
             "logits_diff": max_diff(logits, ref_logits), "loss_diff": max_diff(loss, ref_loss),
             "grad_diff": max(grads.values()), "grad_diffs": grads,
             "calls": ledger.calls, "table": ledger.table(), "workload": asdict(work),
-            "layout": layout(dense, tp)}
+            "layout": layout(dense, tp), "device": x.device.type, "tol": tolerance(x.device)}
 
 
 def layout(dense: nn.Module, tp: nn.Module) -> dict:
@@ -126,8 +152,7 @@ def saved_bytes(model: nn.Module, tokens: torch.Tensor) -> dict:
 def activation_bytes(work: Workload) -> dict:
     """Run on every rank: saved-activation bytes of dense, TP and TP+SP for one forward."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dense = work.model()
-    x, _ = work.batch_tensors()
+    dense, x, _ = on_device(work)
     with comm.counting():  # keep the ledger of other code clean
         return {"rank": rank, "world": world, "dense": saved_bytes(dense, x),
                 "tp": saved_bytes(TPTransformerLM(dense, rank, world, False), x),
