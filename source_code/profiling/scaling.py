@@ -8,12 +8,18 @@
 * weak scaling: the batch PER PROCESS stays fixed; n processes do n times the work per step in
   the same time. efficiency = t_1 / t_n = thr_n / (n * thr_1)
 (t: time per step, thr: samples/s.) In samples/s both read the same; what differs is the work.
+
+Every row runs on the same kind of device, and the table's first line says which
+(sharding.measure.table_device): one GPU per process when the node has a GPU for each process
+of the largest count, otherwise every count on the CPU ("device: cpu (1 GPU < 2 processes)"):
+a ratio of GPU samples/s to CPU samples/s would say nothing about scaling.
 """
 from __future__ import annotations
 
 from source_code import processes
 from source_code.cli import Parser, positive_int
 from source_code.errors import LaunchError, run_main
+from source_code.sharding.measure import table_device
 from source_code.training.loop import parse_summary
 
 
@@ -34,8 +40,10 @@ def throughput_efficiency(thr_1: float, thr_n: float, n: int) -> float:
 
 def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=()) -> dict:
     """Launch throughput.py for every process count, strong (global batch ``batch``) and weak
-    (``batch`` per process); returns {"strong": {n: summary}, "weak": {n: summary}}."""
-    out: dict[str, dict[int, dict]] = {"strong": {}, "weak": {}}
+    (``batch`` per process), all on one kind of device; returns {"strong": {n: summary},
+    "weak": {n: summary}, "device": "device: ... (why)"}."""
+    device, line = table_device(procs)
+    out: dict = {"strong": {}, "weak": {}, "device": line}
     for n in procs:
         for kind, flag in (("weak", "--per-rank-batch"), ("strong", "--global-batch")):
             if n == 1 and kind == "strong":
@@ -43,7 +51,7 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=()) -> dict:
             if kind == "strong" and batch % n:
                 raise LaunchError(f"error: batch {batch} does not divide among {n} processes")
             res = processes.torchrun("source_code.profiling.throughput", flag, batch, "--steps", steps,
-                                     "--quiet", *extra, nproc=n, timeout=300)
+                                     "--quiet", *extra, nproc=n, timeout=300, device=device)
             out[kind][n] = parse_summary(res.stdout)
     out["strong"][procs[0]] = out["weak"][procs[0]]
     return out
@@ -52,7 +60,8 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=()) -> dict:
 def efficiencies(result: dict) -> dict:
     """{"strong": {n: efficiency}, "weak": {n: efficiency}} against the smallest run (n = 1)."""
     eff = {}
-    for kind, by_n in result.items():
+    for kind in ("strong", "weak"):
+        by_n = result[kind]
         n1 = min(by_n)
         eff[kind] = {n: throughput_efficiency(by_n[n1]["samples_per_s"], s["samples_per_s"], n // n1)
                      for n, s in sorted(by_n.items())}
@@ -61,7 +70,8 @@ def efficiencies(result: dict) -> dict:
 
 def table(result: dict) -> str:
     eff = efficiencies(result)
-    lines = [f"{'scaling':8s} {'procs':>5s} {'global batch':>12s} {'samples/s':>10s} {'efficiency':>10s}"]
+    lines = [result["device"]] if "device" in result else []
+    lines += [f"{'scaling':8s} {'procs':>5s} {'global batch':>12s} {'samples/s':>10s} {'efficiency':>10s}"]
     for kind in ("strong", "weak"):
         for n, s in sorted(result[kind].items()):
             lines.append(f"{kind:8s} {n:5d} {s['global_batch']:12d} {s['samples_per_s']:10.0f} "

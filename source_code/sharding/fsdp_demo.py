@@ -55,10 +55,10 @@ def gathers(ctx, cfg, reshard: bool) -> dict:
 def meta_init(ctx, cfg, meta: bool) -> int:
     gc.collect()
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    with PeakRSS() as peak:
+    with PeakRSS(ctx.device) as peak:
         model = build_sharded(cfg, mesh, 0, ctx.device, meta=meta)
     del model
-    return peak.cuda_peak_delta if ctx.device.type == "cuda" else peak.peak_delta
+    return peak.peak_bytes
 
 
 def bf16(ctx, cfg) -> dict:

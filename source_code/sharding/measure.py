@@ -6,9 +6,13 @@
 * ``CommCounter``: a dispatch mode that sees every c10d collective issued on this thread (ours,
   DDP's reducer, FSDP2's) and adds up its payload and the bytes a ring/bandwidth-optimal
   algorithm sends per rank for it;
-* ``PeakRSS``: peak resident memory of this process over a block of code (Linux /proc), reset
-  at the start; meaningful with MALLOC_MMAP_THRESHOLD_=65536 so freed memory goes back to the OS.
-  On a GPU, ``peak_device_bytes`` uses torch.cuda.max_memory_allocated instead.
+* ``PeakRSS(device)``: peak memory of the computing device over a block of code: on the CPU
+  the resident memory of this process (Linux /proc), reset at the start, meaningful with
+  MALLOC_MMAP_THRESHOLD_=65536 so freed memory goes back to the OS; on a GPU
+  torch.cuda.max_memory_allocated of that GPU. A rank on the CPU never calls into CUDA (which
+  would create a CUDA context, hundreds of MiB, on a GPU that another rank may be using);
+* ``table_device(counts)``: one kind of device for every row of a table over process counts
+  (1, 2, 4 ...), and the line that says which.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from source_code import device_policy
 
 try:  # public from torch 2.5 on
     from torch.distributed.tensor import DTensor
@@ -119,11 +125,17 @@ def rss_bytes(field: str = "VmRSS") -> int:
 
 
 class PeakRSS:
-    """``with PeakRSS() as m: ...``; m.peak_delta = peak resident bytes above the start.
+    """``with PeakRSS(device) as m: ...``; m.peak_bytes = peak bytes above the start on ``device``.
 
-    Writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM) to the
-    current RSS, so the peak belongs to this block only.
+    CPU: writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM) to the
+    current RSS, so the peak belongs to this block only (``m.peak_delta``). CUDA: the GPU's
+    peak allocated bytes, reset at the start (``m.cuda_peak_delta``). CUDA is asked only when
+    ``device`` is a CUDA device: a process computing on the CPU creates no CUDA context.
     """
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
 
     def __enter__(self):
         try:
@@ -131,14 +143,41 @@ class PeakRSS:
                 f.write("5")
         except OSError:
             pass
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
         self.start = rss_bytes()
-        self.start_cuda = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        self.start_cuda = 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_cuda = torch.cuda.memory_allocated(self.device)
         return self
 
     def __exit__(self, *exc):
         self.peak_delta = max(rss_bytes("VmHWM") - self.start, 0)
-        self.cuda_peak_delta = (torch.cuda.max_memory_allocated() - self.start_cuda
-                                if torch.cuda.is_available() else 0)
+        self.cuda_peak_delta = (torch.cuda.max_memory_allocated(self.device) - self.start_cuda
+                                if self.cuda else 0)
         return False
+
+    @property
+    def peak_bytes(self) -> int:
+        """The peak of the device the block computed on: GPU bytes on CUDA, else resident bytes."""
+        return self.cuda_peak_delta if self.cuda else self.peak_delta
+
+
+# --------------------------------------------------------------------------- one device per table
+def table_device(counts, env=None, gpus: device_policy.Gpus | None = None) -> tuple[str, str]:
+    """(``device`` for processes.spawn/torchrun, the line a table prints) for a table whose rows
+    run 1, 2, 4 ... processes (``counts``): every row on the same kind of device, so that rows
+    can be divided by each other. The GPU only when the largest row gets one GPU per process
+    (the device policy's answer for that many processes on this node), else the CPU for every
+    row, said in the line, e.g. "device: cpu (1 GPU < 4 processes)"."""
+    largest = max(counts)
+    gpus = device_policy.Gpus.probe() if gpus is None else gpus
+    placed = device_policy.choose(0, largest, env=env, gpus=gpus)
+    if placed.device.type == "cuda":
+        return "auto", f"device: cuda (one GPU per process, {gpus.count} GPUs >= {largest} processes)"
+    if not gpus.available:
+        why = "no GPU"
+    elif gpus.count < largest:
+        why = f"{gpus.count} GPU{'s' if gpus.count > 1 else ''} < {largest} processes"
+    else:
+        why = "asked for: WORKSHOP_DEVICE=cpu"
+    return "cpu", f"device: cpu ({why}): every row on the CPU"

@@ -3,8 +3,7 @@
     python -m source_code.sharding.memory_report
     python -m source_code.sharding.memory_report --dim 512 --layers 8 --world-sizes 1 2 4 8
 
-For each world size N, N processes (torch.multiprocessing, gloo on the CPU or one GPU per
-process) train the same TransformerLM with each strategy in turn, one AdamW step each. After
+For each world size N, N processes (torch.multiprocessing) train the same TransformerLM with each strategy in turn, one AdamW step each. After
 the step (before zero_grad) rank 0 counts the bytes of its local parameter, gradient
 and optimizer-state tensors (measure.state_bytes) and sets them beside the planner's
 prediction (source_code/planner/memory.py); the peak process memory is measured above the
@@ -13,6 +12,11 @@ MALLOC_MMAP_THRESHOLD_=65536 (torch.cuda.max_memory_allocated on a GPU), and the
 of the step are counted (measure.CommCounter). The last line is
 
     fsdp_state_bytes_ratio=R      R = FSDP (params + grads + optimizer) / DDP's, at the largest N
+
+Every row runs on the same kind of device (measure.table_device), and the first line says
+which: one GPU per process when the node has a GPU for each process of the largest N,
+otherwise every N on the CPU with gloo ("device: cpu (1 GPU < 4 processes)"), so that a GPU's
+allocated bytes are never set beside a CPU process's resident memory.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from source_code.distributed import context
 from source_code.planner import memory as planner
 from source_code.sharding import workload
 from source_code.sharding.fsdp import build_sharded
-from source_code.sharding.measure import CommCounter, PeakRSS, state_bytes, tensor_bytes
+from source_code.sharding.measure import CommCounter, PeakRSS, state_bytes, table_device, tensor_bytes
 from source_code.sharding.zero import ZeroAdamW
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "fsdp_keep")  # fsdp_keep: reshard_after_forward=False
@@ -85,7 +89,7 @@ def measure_rank(cfg: dict, batch_size: int, strategies=STRATEGIES) -> list[dict
     for s in strategies:
         gc.collect()  # the previous strategy's tensors are gone before the baseline is taken
         counter = CommCounter(ctx.world_size)
-        with PeakRSS() as peak:                           # build + one step (creates Adam state)
+        with PeakRSS(ctx.device) as peak:                 # build + one step (creates Adam state)
             model, opt = _build(s, cfg, ctx)
             with counter:
                 _step(model, opt, x, y)
@@ -93,7 +97,7 @@ def measure_rank(cfg: dict, batch_size: int, strategies=STRATEGIES) -> list[dict
         predicted = planner.state_bytes(numels, ctx.world_size, BASE[s])
         row = {"world_size": ctx.world_size, "strategy": s, "n_params": sum(numels), **counted,
                **{f"pred_{k}": v for k, v in predicted.items()},
-               "peak_bytes": peak.cuda_peak_delta if ctx.device.type == "cuda" else peak.peak_delta,
+               "peak_bytes": peak.peak_bytes, "device": ctx.device.type,
                "wire_bytes": counter.wire, "calls": dict(counter.calls),
                "pred_wire_bytes": planner.communication_bytes(
                    sum(numels), ctx.world_size, BASE[s], reshard_after_forward=s != "fsdp_keep")}
@@ -107,14 +111,16 @@ def measure_rank(cfg: dict, batch_size: int, strategies=STRATEGIES) -> list[dict
 
 
 def measure(world_sizes=(1, 2, 4), cfg: dict | None = None, batch_size: int = 16,
-            strategies=STRATEGIES) -> list[dict]:
-    """All rows for all world sizes (starts world_size processes for each)."""
+            strategies=STRATEGIES, device: str | None = None) -> list[dict]:
+    """All rows for all world sizes (starts world_size processes for each), every one on the
+    device ``table_device`` picks for the largest world size (or ``device``: "cpu", "auto")."""
     from source_code.processes import spawn
     cfg = cfg or workload.model_config(dim=192, n_layers=4)
+    device = device or table_device(world_sizes)[0]
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # freed memory goes back to the OS
     rows = []
     for n in world_sizes:
-        rows += spawn(measure_rank, n, cfg, batch_size, tuple(strategies))[0]
+        rows += spawn(measure_rank, n, cfg, batch_size, tuple(strategies), device=device)[0]
     return rows
 
 
@@ -132,8 +138,13 @@ def worst_prediction_error(rows: list[dict]) -> float:
 
 def memory_lines(rows: list[dict]) -> list[str]:
     mib = 2 ** 20
+    kinds = {r.get("device", "cpu") for r in rows}
+    if len(kinds) > 1:  # measure() never mixes them; rows put together by hand might
+        raise ValueError(f"rows measured on different devices ({', '.join(sorted(kinds))}): "
+                         "their peaks do not compare; measure every row on one kind of device")
+    peak = "allocated on the GPU" if kinds == {"cuda"} else "process RSS, on the CPU"
     out = [f"{'N':>2} {'strategy':9s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'total':>7s} "
-           f"{'predicted':>9s} {'peak':>9s}   (MiB per rank, rank 0)"]
+           f"{'predicted':>9s} {'peak':>9s}   (MiB per rank, rank 0; peak: {peak})"]
     for r in rows:
         out.append(f"{r['world_size']:>2d} {r['strategy']:9s} {r['params'] / mib:7.2f} "
                    f"{r['grads'] / mib:7.2f} {r['optimizer'] / mib:7.2f} {r['total'] / mib:7.2f} "
@@ -166,8 +177,10 @@ def main(argv=None):
     if args.dim % 4:
         p.error("--dim must be a multiple of 4 (the attention heads)")
     torch.set_num_threads(1)
+    device, line = table_device(args.world_sizes)
+    print(line)
     rows = measure(args.world_sizes, workload.model_config(dim=args.dim, n_layers=args.layers),
-                   args.batch_size)
+                   args.batch_size, device=device)
     print("\n".join(memory_lines(rows)))
     print()
     print("\n".join(comm_lines(rows)))
