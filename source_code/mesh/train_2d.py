@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from source_code import device_policy
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.distributed import LaunchError, print0, ranks_from_env, run_main, session
 from source_code.mesh.tp import build_2d, check_divisible
 from source_code.sharding import workload
+from source_code.tensor_parallel.placement import check_tp_in_node
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.mesh.train_2d --tp 2"
@@ -56,10 +56,7 @@ def check(args, env=None) -> tuple[int, int]:
     if world % args.tp:
         raise LaunchError(f"error: world size {world} is not divisible by --tp {args.tp}; "
                           f"use a --tp that divides {world}")
-    local = device_policy.local_world_size(env, world)
-    if local % args.tp:
-        raise LaunchError(f"error: --tp {args.tp} would span nodes ({local} processes per node); "
-                          f"use a --tp that divides {local}: TP belongs on a node's fast links")
+    check_tp_in_node(args.tp, world, env)
     if args.dim % args.heads:
         raise LaunchError(f"error: --dim {args.dim} must be a multiple of --heads {args.heads}")
     why = check_divisible({"n_heads": args.heads}, args.tp)

@@ -10,6 +10,7 @@ Lesson files (notebook 10), in reading order:
 * vocab.py     -- vocabulary-parallel embedding and cross-entropy (``vocab_parallel=True``)
 * dtensor.py   -- the same with torch.distributed.tensor.parallel.parallelize_module
 * train.py     -- training script: --impl own|dtensor [--sequence-parallel]
+* placement.py -- a TP group stays inside one node (checked before launch; mesh/train_2d too)
 
 Harness, measurements, checks:
 * harness.py   -- parity with the dense model, collective counts, saved-activation bytes

@@ -5,6 +5,9 @@
     torchrun --standalone --nproc-per-node=4 -m source_code.tensor_parallel.train --dim 128 --heads 8
     TRAIN_MODULE=source_code.tensor_parallel.train sbatch slurm/ddp_single_node.slurm --impl own   # TP inside one node
 
+A launch over several nodes is refused before the group forms (TP belongs on one node's fast
+links); TP inside the nodes with FSDP across them is ``source_code.mesh.train_2d``.
+
 --impl own: the hand-built layers of model.py (column/row-parallel, our collectives);
 --impl dtensor: ``parallelize_module`` with ColwiseParallel/RowwiseParallel (dtensor.py).
 --sequence-parallel: LayerNorms and residuals on t/n tokens, all-gather/reduce-scatter.
@@ -31,15 +34,21 @@ from source_code import data, models
 from source_code.cli import Parser, nonnegative_int, positive_float, positive_int
 from source_code.distributed import LaunchError, print0, ranks_from_env, run_main, session
 from source_code.tensor_parallel.model import TPTransformerLM
+from source_code.tensor_parallel.placement import check_tp_in_node
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train"
+MESH_LAUNCH = ("source_code.mesh.train_2d (sbatch slurm/tp_dp_2d.slurm): TP inside each node, "
+               "FSDP across the nodes")
 IMPLS = ("own", "dtensor")
 SEQ, VOCAB = 32, 17  # the sort task: 16 tokens, separator, 15 answers (next-token targets)
 
 
-def check_args(args, world: int) -> None:
-    """Every flag checked before the process group forms: one line naming the fix."""
+def check_args(args, world: int, env=None) -> None:
+    """Every flag checked before the process group forms: one line naming the fix. TP runs over
+    every rank, so the job must fit on one node (placement.check_tp_in_node)."""
+    check_tp_in_node(world, world, env, what=f"tensor parallelism over all {world} processes",
+                     fix=f"run it on one node, or {MESH_LAUNCH}")
     if args.dim % args.heads:
         raise LaunchError(f"error: --dim {args.dim} must be divisible by --heads {args.heads}")
     if args.heads % world:
