@@ -6,11 +6,17 @@ NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
 
-.PHONY: run test lab venv clean-venv gpu-smoke figures
+.PHONY: run test lab check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks
 
+# TORCH_INDEX: another index for torch/torchvision, e.g. PyTorch's CPU-only wheels on a laptop
+# without a GPU (README, "Setting up"); by default the CUDA build a GPU node needs
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -e . 2>&1 | grep -v "is ignored: it is neither" || true
+	@echo "installing torch 2.14.1, torchvision, JupyterLab, Lightning, Accelerate, DeepSpeed into $(VENV):"
+	@echo "  $(if $(TORCH_INDEX),torch from $(TORCH_INDEX),the CUDA build: about 6.3 GB, 2-5 minutes); pip's errors, if any, stop here"
+	$(if $(TORCH_INDEX),$(BIN)/pip install --quiet --disable-pip-version-check --index-url $(TORCH_INDEX) \
+		$$(grep -E '^torch(vision)?==' requirements.txt))
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -e .
 	$(BIN)/python -c "import torch, torchvision, source_code; print('environment ready: torch', torch.__version__)"
 	touch $@
 
@@ -33,13 +39,24 @@ figures: venv
 	cd notebooks && for nb in [0-9]*.ipynb; do WORKSHOP_EXPORT_FIGURES=1 PATH=$(CURDIR)/$(BIN):$$PATH \
 		../$(BIN)/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
 
-## JupyterLab on the notebooks: prints the URL to open (LAB_PORT=8888 by default)
+## JupyterLab with the repository as its root, opening on notebooks/: prints the URL to open
 lab: venv
-	@token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))"); \
-	echo "JupyterLab: open http://127.0.0.1:$(or $(LAB_PORT),8888)/lab?token=$$token"; \
-	PATH=$(CURDIR)/$(BIN):$$PATH exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 \
-		--port=$(or $(LAB_PORT),8888) --ServerApp.port_retries=0 --IdentityProvider.token=$$token \
-		--ServerApp.root_dir=$(CURDIR)/notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m source_code.lab
+
+## the day before the course: one row per requirement, ok or the fix (PYTHON=python3 for a site's torch)
+check: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
+	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.readiness $(ARGS)
+
+## your own copy of the notebooks to work in (my-notebooks/, which git ignores); never overwrites
+my-notebooks:
+	mkdir -p my-notebooks && cp -n notebooks/*.ipynb my-notebooks/ && echo "your copies: my-notebooks/ (open them from the lab)"
+
+## put the notebooks back as they came (a pull works again); your edits are kept in my-notebooks/saved-*/
+restore-notebooks:
+	@changed=$$(git diff --name-only -- notebooks); if [ -n "$$changed" ]; then \
+		keep=my-notebooks/saved-$$(date +%Y%m%d-%H%M%S); mkdir -p $$keep && cp $$changed $$keep/ && \
+		git checkout -- notebooks && echo "restored notebooks/; your edited versions are in $$keep/"; \
+	else echo "notebooks/ is as it came: nothing to restore"; fi
 
 clean-venv:
 	rm -rf $(VENV)

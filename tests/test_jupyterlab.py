@@ -22,6 +22,8 @@ import pytest
 import requests
 import websocket  # websocket-client, a dependency of jupyter_server
 
+from source_code.lab import command as lab_command
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 START_TIMEOUT_S = 60
@@ -47,11 +49,7 @@ def lab(tmp_path):
     """A running JupyterLab server: yields (base_url, token, headers); always stopped after."""
     port, token = _free_port(), secrets.token_hex(16)
     log = tmp_path / "jupyterlab.log"
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={NOTEBOOKS}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
+    cmd = lab_command(port, token)  # what `make lab` runs: the repository as the lab's root
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     base = f"http://127.0.0.1:{port}"
@@ -147,9 +145,12 @@ def test_jupyterlab_lists_notebooks_and_runs_a_cell(lab):
     base, _, headers = lab
 
     # the learner sees every numbered notebook in the file browser
-    listing = requests.get(f"{base}/api/contents", headers=headers, timeout=10)
+    listing = requests.get(f"{base}/api/contents/notebooks", headers=headers, timeout=10)
     assert listing.ok, listing.text
     listed = {item["name"] for item in listing.json()["content"] if item["type"] == "notebook"}
+    # ... and, from the same root, the files the notebooks send them to
+    for path in ("source_code/solutions", "source_code/training/ddp.py", "slurm/ddp_multinode.slurm"):
+        assert requests.get(f"{base}/api/contents/{path}", headers=headers, timeout=10).ok, path
     on_disk = {p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
     assert on_disk, "no notebooks found in notebooks/"
     assert on_disk <= listed, f"not listed by the server: {sorted(on_disk - listed)}"

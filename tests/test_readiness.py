@@ -1,0 +1,32 @@
+"""`make check`: the readiness table an instructor runs on the course machines the day before."""
+import pytest
+
+from source_code import readiness
+
+
+def test_every_requirement_is_met_or_not_needed_on_this_machine(capsys):
+    assert readiness.main([]) == 0
+    out = capsys.readouterr().out
+    for name in readiness.CHECKS:
+        assert f"\n{name:<22} " in out, name
+    assert "gloo, 2 processes      ok" in out and "Jupyter kernel         ok" in out
+    assert f"readiness: {len(readiness.CHECKS)} of {len(readiness.CHECKS)} requirements" in out
+
+
+def test_a_missing_dataset_names_the_prepare_command(tmp_path, capsys):
+    assert readiness.main(["--data-dir", str(tmp_path), "--datasets", "mnist",
+                           "--only", "prepared datasets"]) == 1
+    out = capsys.readouterr().out
+    assert "FIX" in out and f"python -m source_code.data prepare --data-dir {tmp_path} --dataset mnist" in out
+
+
+def test_an_old_torch_is_a_fix_not_a_crash(monkeypatch, capsys):
+    import torch
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu121")
+    assert readiness.main(["--only", "torch"]) == 1
+    assert "torch 2.5.1+cu121 is older than 2.6" in capsys.readouterr().out
+
+
+def test_unknown_check_is_refused():
+    with pytest.raises(SystemExit):
+        readiness.main(["--only", "coffee"])
