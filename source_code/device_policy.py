@@ -281,11 +281,14 @@ def exact_math() -> str:
 
     On Ampere and newer, TF32 matmuls and convolutions round inputs to 10 mantissa bits
     (errors ~1e-3), and cuDNN picks algorithms by timing: both break a 1e-5 comparison
-    with a one-process reference. Returns the sentence the checks print."""
+    with a one-process reference. Returns the sentence the checks print: on the CPU it says
+    that these are GPU settings rather than claiming them."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    if not torch.cuda.is_initialized():  # this process computes on the CPU: the flags do nothing
+        return "exact math: fp32 on the CPU (TF32 and cuDNN are GPU settings)"
     return "exact math: TF32 off, deterministic cuDNN"
 
 
