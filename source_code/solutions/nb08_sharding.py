@@ -1,6 +1,6 @@
-"""Reference solution for the exercise of notebook 08 (sharding), checked by tests/test_sharding_exercise.py.
+"""Reference solution for the exercise of notebook 08 (sharding), checked by tests/test_sharding.py.
 
-    python -m pytest tests/test_sharding_exercise.py
+    python -m pytest tests/test_sharding.py -k predict_state_bytes
 """
 from __future__ import annotations
 
