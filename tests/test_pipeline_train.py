@@ -1,5 +1,10 @@
 """The pipeline training script: flags checked before the group forms, training runs, exits are clean."""
+import collections
+import queue
+import threading
+
 import pytest
+import torch
 
 from source_code.training import loop
 
@@ -35,3 +40,87 @@ def test_repeated_launches_train_and_exit_cleanly(torchrun):
         losses[schedule] = [ln.split("loss ")[1].split()[0] for ln in res.stdout.splitlines()
                             if ln.startswith("epoch")]
     assert losses["gpipe"] == losses["1f1b"] == losses["lib-1f1b"]  # the same training, step for step
+
+
+class Unbuffered:
+    """Messages between threads that a send hands over only to a receive already waiting for it:
+    NCCL's behaviour once an activation exceeds its buffers. A wait longer than ``patience``
+    seconds is a deadlock."""
+
+    def __init__(self, patience=1.0):
+        self.patience, self.queues = patience, collections.defaultdict(queue.Queue)
+
+    def link(self, rank, stage, n_stages, p):
+        net = self
+
+        class Link:
+            prev, next = (stage - 1) % p, (stage + 1) % p
+
+            def exchange(self, send=None, recv=None):
+                if send is not None:
+                    taken = threading.Event()
+                    net.queues[rank, self.next].put((send[0], taken))
+                    if not taken.wait(net.patience):
+                        raise TimeoutError(f"rank {rank} (stage {stage}): its send was never received")
+                if recv is not None:
+                    try:
+                        tensor, taken = net.queues[self.prev, rank].get(timeout=net.patience)
+                    except queue.Empty:
+                        raise TimeoutError(f"rank {rank} (stage {stage}): nothing to receive") from None
+                    taken.set()
+                    return tensor
+
+            def flush(self):
+                pass
+        return Link()
+
+
+def stage_by_stage(mods, ids, links, n_stages, xs, shape, count):
+    """The earlier order: every microbatch through one local stage, then through the next."""
+    from source_code.pipeline.train import forward_only
+    out = []
+    for mod, s, link in zip(mods, ids, links):
+        out += forward_only([mod], [s], [link], n_stages, xs, shape, count)
+    return out
+
+
+def run_ranks(forward, p, per_rank, m):
+    """``forward`` on p threads, one per rank, rank r holding stages r, r + p, ... (looped)."""
+    n = p * per_rank
+    net, results, errors = Unbuffered(), {}, {}
+    xs = [torch.full((2, 3), float(i)) for i in range(m)]
+
+    def rank_main(r):
+        ids = list(range(r, n, p))
+        mods = [lambda h, s=s: 2 * h + s for s in ids]            # stage s: h -> 2h + s
+        try:
+            results[r] = forward(mods, ids, [net.link(r, s, n, p) for s in ids], n, xs, (2, 3),
+                                 lambda out, i: out)
+        except TimeoutError as err:
+            errors[r] = str(err)
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors, xs
+
+
+@pytest.mark.parametrize("p, per_rank, m", [(2, 2, 4), (3, 2, 3), (2, 1, 4)])
+def test_forward_only_needs_no_buffering_in_looped_layouts(p, per_rank, m):
+    from source_code.pipeline.train import forward_only
+    results, errors, xs = run_ranks(forward_only, p, per_rank, m)
+    assert not errors
+    want = []
+    for x in xs:
+        for s in range(p * per_rank):
+            x = 2 * x + s
+        want.append(x)
+    assert all(torch.equal(a, b) for a, b in zip(results[(p * per_rank - 1) % p], want))
+
+
+def test_stage_by_stage_deadlocks_without_buffering():
+    """The order forward_only replaced, in the same harness: the looped layout's last rank and
+    rank 0 each wait for the other (the harness can see the bug the test above guards against)."""
+    _, errors, _ = run_ranks(stage_by_stage, 2, 2, 2)
+    assert errors and all("never received" in e or "nothing to receive" in e for e in errors.values())

@@ -120,26 +120,50 @@ class Pipeline:
 
     @torch.no_grad()
     def accuracy(self, x, y) -> float:
-        """Forward-only pass over every local stage in stage order; the last stage counts."""
+        """Forward-only pass through every stage (``forward_only``); the last stage counts."""
         n_valid = int((y != -100).sum())
-        x, y = x.to(self.ctx.device), y.to(self.ctx.device)
-        m = self.m
-        result = 0.0
-        for mod, s, link in zip(self.mods, self.ids, self.links):
+        xs, ys = x.to(self.ctx.device).chunk(self.m), y.to(self.ctx.device).chunk(self.m)
+        for mod in self.mods:
             mod.eval()
-            rep = run_step(mod, [("F", i) for i in range(m)], link, (len(x) // m, SEQ, self.args.dim),
-                           inputs=list(x.chunk(m)) if s == 0 else None,
-                           targets=list(y.chunk(m)) if s == self.n_stages - 1 else None,
-                           loss_fn=functools.partial(token_accuracy, n_valid=n_valid))
+        counted = forward_only(self.mods, self.ids, self.links, self.n_stages, xs,
+                               (len(xs[0]), SEQ, self.args.dim),
+                               lambda logits, i: token_accuracy(logits, ys[i], n_valid))
+        for mod in self.mods:
             mod.train()
-            result += sum(rep["losses"])
-        return result
+        return sum(float(v) for v in counted)
 
     def from_last(self, value: float) -> float:
         """The last stage's number, on every rank (rank 0 prints it)."""
         t = torch.tensor([value], dtype=torch.float64, device=self.ctx.device)
         dist.broadcast(t, src=self.last_rank)
         return t.item()
+
+
+def forward_only(mods, ids, links, n_stages: int, xs, shape, count) -> list:
+    """This rank's part of a forward pass of the microbatches ``xs`` through all stages.
+
+    ``mods``, ``ids``, ``links``: this rank's stages, their indices and StageLinks, in stage
+    order; ``shape``: one microbatch's activation; ``count(output, i)``: what the last stage
+    keeps of microbatch i (returned in a list). For microbatch i the rank goes through its
+    stages (receive, compute, send on), then takes microbatch i + 1. So every rank posts its
+    messages in one global order, (microbatch, stage), and each send meets a receive that is
+    posted or about to be, whatever the backend buffers. In the looped layouts (rank r holds
+    stages r and r + p) the last rank sends to rank 0: a pass stage by stage (all microbatches
+    through stage r, then through r + p) has the last rank wait to hand stage p its first
+    microbatch while rank 0 still waits to hand stage 1 its second, which NCCL only survives
+    while the activations fit in its buffers."""
+    counted = []
+    for i in range(len(xs)):
+        for mod, s, link in zip(mods, ids, links):
+            h = xs[i] if s == 0 else link.exchange(recv=(shape, torch.float32, "prev"))  # (b, t) | (b, t, dim)
+            out = mod(h)                                       # (b, t, dim) | last: (b, t, vocab)
+            if s == n_stages - 1:
+                counted.append(count(out, i))
+            else:
+                link.exchange(send=(out, "next"))
+    for link in links:
+        link.flush()
+    return counted
 
 
 def _lib_loss(pipe, logits, targets):
