@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from source_code.parity import rank_indices
+from source_code.parity import rank_indices, tolerance
 from source_code.training.loop import parse_summary
 
 pytestmark = pytest.mark.parity
@@ -29,6 +29,16 @@ def test_reference_order_is_distributed_samplers():
                 s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=3)
                 s.set_epoch(epoch)
                 assert rank_indices(n, world, rank, epoch, seed=3) == list(s)
+
+
+def test_tolerance_is_the_cpus_on_cpu_and_wider_on_a_gpu():
+    """fp32 on the CPU keeps each check's own tolerance; CUDA (other kernels, NCCL's summation
+    order at 3+ ranks) gets 10 x, and the sentence printed says so."""
+    assert tolerance(torch.device("cpu")) == (TOL, "tolerance 1e-05 on cpu (fp32)")
+    assert tolerance("cpu", 1e-6)[0] == 1e-6
+    tol, why = tolerance(torch.device("cuda", 3))
+    assert tol == pytest.approx(10 * TOL) and "cuda:3" in why and "NCCL" in why
+    assert tolerance("cuda", 1e-6)[0] == pytest.approx(1e-5)
 
 
 @pytest.mark.parametrize("nproc", [1, 2, 4])

@@ -8,7 +8,8 @@ The same TransformerLM (same seed) is cut into stages for every schedule; the sc
 turns step by step (a noisy neighbour slows all alike), with an SGD update after each step.
 Printed: one line per schedule, ``compare: schedule=NAME median_ms=T ratio=R`` (R: relative to
 own GPipe), and first a parity line per schedule: its loss and gradients against the unsplit
-model on the whole batch (``max_grad_diff``), which must stay below --tol.
+model on the whole batch (``max_grad_diff``), which must stay below --tol (by default 1e-5
+on the CPU, more on a GPU: ``source_code.parity.tolerance``, printed first).
 Multi-stage library schedules hold two stages per process: --layers >= 2 x processes.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from source_code.cli import Parser, nonnegative_int, positive_float, positive_int, writable_path
 from source_code.distributed import LaunchError, print0, ranks_from_env, run_main, session
+from source_code.parity import tolerance
 from source_code.pipeline import harness, library
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.compare"
@@ -50,7 +52,8 @@ def main(argv=None):
     ap.add_argument("--dim", type=positive_int, default=128)
     ap.add_argument("--steps", type=positive_int, default=8, help="measured steps per schedule")
     ap.add_argument("--warmup", type=nonnegative_int, default=2)
-    ap.add_argument("--tol", type=positive_float, default=1e-5)
+    ap.add_argument("--tol", type=positive_float, default=None,
+                    help="largest accepted difference (default: 1e-5 on the CPU, more on a GPU)")
     ap.add_argument("--out", type=writable_path, default="", help="write the step times as JSON (rank 0)")
     args = ap.parse_args(argv)
     found = ranks_from_env()
@@ -63,7 +66,10 @@ def main(argv=None):
     with session(launch_hint=LAUNCH, seed=0) as ctx:
         if ctx.world_size < 2:
             raise LaunchError(f"error: a pipeline needs at least 2 processes; run: {LAUNCH}")
+        tol, why = (args.tol, f"tolerance {args.tol:g} (--tol)") if args.tol else tolerance(ctx.device, 1e-5)
+        print0(why)
         res = run(ctx, args)
+        res["tol"] = tol
         for name, (g, l) in res["diffs"].items():
             print0(f"parity: schedule={name} max_grad_diff={g:.2e} loss_diff={l:.2e}")
         base = statistics.median(res["step_s"]["gpipe"])
@@ -74,8 +80,8 @@ def main(argv=None):
             with open(args.out, "w") as f:
                 json.dump(res, f)
         worst = max(max(v) for v in res["diffs"].values())
-    if worst > args.tol:
-        raise SystemExit(f"error: a schedule differs from the unsplit model by {worst:.2e} > --tol {args.tol}")
+    if worst > tol:
+        raise SystemExit(f"error: a schedule differs from the unsplit model by {worst:.2e} > tolerance {tol:g}")
     return 0
 
 

@@ -4,7 +4,8 @@ Functions here run on every rank of a process group, one pipeline stage per rank
 ``processes.spawn`` (notebook, tests) or inside the torchrun modules ``bubble`` and ``compare``:
 
 * ``parity(schedule, m, work)``: one step of own naive / GPipe / 1F1B or a library schedule,
-  compared with the unsplit model on the whole batch (loss and every gradient);
+  compared with the unsplit model on the whole batch (loss and every gradient), with the
+  tolerance for this device (``TOL`` on the CPU, more on a GPU: ``source_code.parity.tolerance``);
 * ``timed_steps(schedules, m, steps, work)``: several steps of each schedule, interleaved,
   with the per-operation records of the own schedules (Gantt charts, bubble).
 
@@ -23,10 +24,15 @@ import torch
 import torch.distributed as dist
 
 from source_code import data, models
+from source_code.device_policy import exact_math
 from source_code.distributed import context
+from source_code.parity import tolerance
 from source_code.pipeline import library, simulator, stages
 from source_code.pipeline.comms import StageLink
 from source_code.pipeline.schedules import clock, run_step
+
+
+TOL = 1e-6  # max |gradient or loss - unsplit| in fp32 on the CPU (measured: <= 5e-7, notebook 09)
 
 
 @dataclass(frozen=True)
@@ -108,13 +114,16 @@ def parity(schedule: str, m: int, work: Workload = Workload(), orders=None) -> d
     """One step of ``schedule`` (own: naive | gpipe | 1f1b, or a library name) vs the unsplit model.
 
     Returns this rank's max |gradient difference|, |loss difference| (ranks holding the last
-    stage), and for own schedules the executed order and stored-activation counts. ``orders``
-    (one list per stage) replaces the schedule's own orders, e.g. a learner's 1F1B."""
+    stage), the tolerance ``tol`` they must stay within on this device (``tol_why`` says it),
+    and for own schedules the executed order and stored-activation counts. ``orders`` (one list
+    per stage) replaces the schedule's own orders, e.g. a learner's 1F1B."""
     ctx = context()
     p, s = ctx.world_size, ctx.rank
+    exact_math()  # a GPU: no TF32, deterministic cuDNN (the CPU ignores it)
     full = work.full_model().to(ctx.device)
     x, y = work.batch(m)
     out = {"rank": s, "schedule": schedule}
+    out["tol"], out["tol_why"] = tolerance(ctx.device, TOL)
     if schedule in simulator.SCHEDULES:
         stage = work.stage(full, s, p)
         rep = own_step(work, schedule, m, stage, StageLink(s, p, ctx.device), x, y,
