@@ -91,9 +91,13 @@ def train_epoch(model, loader, optimizer, device, max_steps: int = 0, skip: int 
     Resuming in the middle of an epoch: ``skip`` batches were trained before the snapshot (the
     sampler gives the same order again after ``set_epoch``), ``loss_sum`` their summed loss.
     ``on_step(steps, loss_sum)`` runs after every ``every``-th step (a mid-epoch snapshot).
+
+    The summed loss stays on the device and is read once, at the end: ``loss.item()`` at every
+    step would make the CPU wait for the GPU each time. It is summed in float64, which adds
+    the float32 losses exactly as Python floats did, so the printed numbers stay the same.
     """
     model.train()
-    total, steps = loss_sum, 0
+    total, steps = torch.tensor(float(loss_sum), dtype=torch.float64, device=device), 0
     last = min(len(loader), max_steps) if max_steps else len(loader)
     for x, y in loader:
         steps += 1
@@ -104,24 +108,25 @@ def train_epoch(model, loader, optimizer, device, max_steps: int = 0, skip: int 
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-        total += loss.item()
+        total += loss.detach()
         if on_step and every and steps % every == 0 and steps < last:
-            on_step(steps, total)
+            on_step(steps, total.item())
         if steps >= last:
             break
-    return total / max(steps, 1), steps
+    return total.item() / max(steps, 1), steps
 
 
 @torch.no_grad()
 def evaluate(model, loader, device) -> float:
-    """Accuracy of ``model`` on ``loader`` (call on one process: no collectives inside)."""
+    """Accuracy of ``model`` on ``loader`` (call on one process: no collectives inside); the
+    count stays on the device until the end (no wait for the GPU per batch)."""
     model.eval()
-    correct = seen = 0
+    correct, seen = torch.zeros((), dtype=torch.long, device=device), 0
     for x, y in loader:
         pred = model(x.to(device)).argmax(dim=1)
-        correct += (pred == y.to(device)).sum().item()
+        correct += (pred == y.to(device)).sum()
         seen += len(y)
-    return correct / max(seen, 1)
+    return correct.item() / max(seen, 1)
 
 
 class Timer:

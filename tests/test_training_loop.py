@@ -1,0 +1,56 @@
+"""The shared training loop: the loss is summed on the device and read once per epoch, with the
+numbers a per-step ``loss.item()`` gave."""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from source_code.training import loop
+
+
+def _setup(seed=0):
+    torch.manual_seed(seed)
+    data = TensorDataset(torch.randn(96, 10), torch.randint(0, 3, (96,)))
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), DataLoader(data, batch_size=8)
+
+
+def _per_step_item(model, opt, data, loss_sum=0.0):
+    """The loop as it was: a Python float, loss.item() after every step."""
+    total, steps = loss_sum, 0
+    for x, y in data:
+        steps += 1
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    return total / steps, steps
+
+
+def test_epoch_loss_is_the_per_step_sum_bit_for_bit():
+    want = _per_step_item(*_setup(), loss_sum=1.2345)
+    model, opt, data = _setup()
+    assert loop.train_epoch(model, data, opt, torch.device("cpu"), loss_sum=1.2345) == want
+
+
+def test_no_host_read_per_step(monkeypatch):
+    """One read per epoch (plus one per mid-epoch snapshot), not one per step: on a GPU each
+    read makes the CPU wait for the device."""
+    model, opt, data = _setup()
+    reads, original = [], torch.Tensor.item
+
+    def item(self):  # count the loop's own reads (the DataLoader draws a seed with one too)
+        if sys._getframe(1).f_code.co_filename == loop.__file__:
+            reads.append(1)
+        return original(self)
+    monkeypatch.setattr(torch.Tensor, "item", item)
+    snapshots = []
+    loss, steps = loop.train_epoch(model, data, opt, torch.device("cpu"), every=5,
+                                   on_step=lambda s, total: snapshots.append((s, total)))
+    assert steps == 12 and len(snapshots) == 2 and len(reads) == 1 + len(snapshots)
+    assert abs(snapshots[-1][1] / 10 - loss * 12 / 10) < 1.0  # a running sum, read as a float
+    reads.clear()
+    acc = loop.evaluate(model, data, torch.device("cpu"))
+    assert 0 <= acc <= 1 and len(reads) == 1
