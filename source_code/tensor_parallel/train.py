@@ -38,7 +38,7 @@ from source_code.tensor_parallel.placement import check_tp_in_node
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train"
-MESH_LAUNCH = ("source_code.mesh.train_2d (sbatch slurm/tp_dp_2d.slurm): TP inside each node, "
+MESH_LAUNCH = ("use source_code.mesh.train_2d (sbatch slurm/tp_dp_2d.slurm): TP inside each node, "
                "FSDP across the nodes")
 IMPLS = ("own", "dtensor")
 SEQ, VOCAB = 32, 17  # the sort task: 16 tokens, separator, 15 answers (next-token targets)
