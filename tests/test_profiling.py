@@ -35,6 +35,12 @@ def test_merge_and_trace_intervals():
     got = classify.intervals(trace)
     assert got == {"computation": [(0, 15)], "communication": [(12, 20)]}
     assert classify.step_windows(trace) == [(0, 20)]
+    # with GPU activity only what ran on the GPU counts (the host's events are launches)
+    trace["traceEvents"] += [
+        {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "ts": 3, "dur": 4},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 1, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 6, "dur": 10}]
+    assert classify.intervals(trace) == {"computation": [(1, 2), (3, 7)], "communication": [(6, 16)]}
 
 
 def test_matmul_count_by_hand():
@@ -138,3 +144,61 @@ def test_flight_recorder_reads_each_backends_own_recorder(monkeypatch):
     monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: json.dumps({"entries": ["nccl"]}), raising=False)
     assert flight_recorder.dump() == {"entries": ["gloo"]}
     assert flight_recorder.dump("nccl") == {"entries": ["nccl"]}
+
+
+class _Ev:
+    """What classify reads of a FunctionEventAvg; ``dev_attr`` names the device time as this
+    torch does (self_device_time_total; self_cuda_time_total in older releases)."""
+
+    def __init__(self, key, cpu_self, cpu_total, device_us=0, kernel=False, dev_attr="self_device_time_total"):
+        from torch.autograd import DeviceType
+        self.key, self.count = key, 1
+        self.self_cpu_time_total, self.cpu_time_total = cpu_self, cpu_total
+        self.device_type = DeviceType.CUDA if kernel else DeviceType.CPU
+        setattr(self, dev_attr, device_us)
+
+
+def _gpu_profile(dev_attr):
+    ev = lambda *a, **k: _Ev(*a, **k, dev_attr=dev_attr)  # noqa: E731
+    return [ev("aten::mm", 900, 1000, device_us=3000),          # launched the gemm below
+            ev("nccl:all_reduce", 0, 5000),                       # host-side span of the collective
+            ev("c10d::allreduce_", 400, 450),
+            ev("ProfilerStep*", 2000, 9000),
+            ev("ampere_sgemm_128x64_nn", 0, 0, device_us=3000, kernel=True),
+            ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 0, device_us=7000, kernel=True)]
+
+
+@pytest.mark.parametrize("dev_attr", ["self_device_time_total", "self_cuda_time_total"])
+def test_split_uses_gpu_time_when_cuda_activity_was_recorded(dev_attr):
+    rows = classify.op_rows(_gpu_profile(dev_attr))
+    assert classify.clock(rows) == "device"
+    # each kernel once: the gemm's 3 ms are not counted again on aten::mm, the host's launch
+    # times (0.9 ms, 0.4 ms) and gloo-style "in flight" spans do not count at all
+    assert classify.totals(rows) == {"computation": 3.0, "communication": 7.0, "annotation": 0.0}
+    mm = next(r for r in rows if r["name"] == "aten::mm")
+    assert mm["time_ms"] == 0 and mm["self_device_ms"] == 3.0 and mm["self_ms"] == 0.9
+    assert "GPU time" in classify.format_table(rows)
+
+
+def test_split_without_kernel_rows_counts_the_operators_device_time():
+    rows = classify.op_rows([_Ev("aten::mm", 900, 1000, device_us=3000), _Ev("nccl:all_reduce", 10, 20, device_us=500)])
+    assert classify.clock(rows) == "device"
+    assert classify.totals(rows) == {"computation": 3.0, "communication": 0.5, "annotation": 0.0}
+
+
+def test_split_on_the_cpu_is_host_self_time():
+    rows = classify.op_rows([_Ev("aten::mm", 900, 1000), _Ev("gloo:all_reduce", 0, 5000),
+                             _Ev("c10d::allreduce_", 400, 450)])
+    assert classify.clock(rows) == "host"
+    assert classify.totals(rows) == {"computation": 0.9, "communication": 5.4, "annotation": 0.0}
+    assert "host self time" in classify.format_table(rows)
+
+
+def test_profile_ddp_step_time_waits_for_the_gpu(monkeypatch):
+    from source_code.profiling import profile_ddp
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
+    profile_ddp.finished(torch.device("cpu"))
+    assert calls == []
+    profile_ddp.finished(torch.device("cuda", 1))
+    assert calls == [(torch.device("cuda", 1),)]

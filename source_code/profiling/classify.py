@@ -6,7 +6,8 @@ itself, asynchronous: it overlaps the backward). On a GPU with NCCL the same cal
 ``nccl:all_reduce`` plus the ``ncclDevKernel_*`` kernels on the GPU stream, and
 ``record_param_comms`` wraps each collective. ``kind_of`` maps every operator name to
 "communication", "annotation" (spans that only group other events: ProfilerStep#3,
-DistributedDataParallel.forward, Optimizer.step...) or "computation".
+DistributedDataParallel.forward, Optimizer.step...) or "computation". ``op_rows`` adds up
+host (CPU) self time, or the GPU's time where the profile recorded CUDA activity (``clock``).
 """
 from __future__ import annotations
 
@@ -34,23 +35,55 @@ def kind_of(name: str) -> str:
 
 
 # ------------------------------------------------------------------ the per-operator table
+def device_us(ev) -> float:
+    """An event's self time on the GPU in µs: ``self_device_time_total`` (torch >= 2.4),
+    ``self_cuda_time_total`` in older ones; 0 where no device time was recorded."""
+    value = getattr(ev, "self_device_time_total", None)
+    if value is None:
+        value = getattr(ev, "self_cuda_time_total", 0)
+    return float(value or 0)
+
+
+def on_device(ev) -> bool:
+    """A device-side event (a kernel, a copy on the GPU) rather than a host operator."""
+    kind = getattr(ev, "device_type", None)
+    return kind is not None and str(kind).rsplit(".", 1)[-1] != "CPU"
+
+
 def op_rows(key_averages) -> list[dict]:
     """One dict per operator of ``prof.key_averages()``: name, kind, calls, times in ms.
 
-    ``time_ms`` is what the kind totals add up: the self time (the operator without its
-    children: no double counting), except for the asynchronous collectives (``gloo:...``,
-    ``nccl:...``), whose whole duration counts. Times are host (CPU) times; on a GPU the
-    device times come in ``self_device_ms``.
+    ``time_ms`` is what the kind totals add up, and ``clock`` says which time it is:
+
+    * "host" (no GPU activity recorded): the self time on the CPU (the operator without its
+      children: no double counting), except for the asynchronous collectives (``gloo:...``,
+      ``nccl:...``), whose whole duration counts;
+    * "device" (CUDA activity recorded): the GPU's time. There the host times are the cost of
+      launching kernels, not of running them. Each kernel (and GPU copy) is a row of its own
+      and counts once; its launching operator shows the same time in ``self_device_ms`` but
+      counts 0 (it would count twice). Where the profiler gives no kernel rows, only operators
+      with device time, those count.
     """
+    events = list(key_averages)
+    device = any(device_us(ev) > 0 for ev in events)
+    kernels = any(on_device(ev) and device_us(ev) > 0 for ev in events)
     rows = []
-    for ev in key_averages:
-        dev = getattr(ev, "self_device_time_total", getattr(ev, "self_cuda_time_total", 0.0))
+    for ev in events:
+        dev_ms = device_us(ev) / 1e3
         self_ms, total_ms = ev.self_cpu_time_total / 1e3, ev.cpu_time_total / 1e3
-        in_flight = ev.key.lower().startswith(ASYNC_COLLECTIVE)
+        if device:
+            time_ms = dev_ms if on_device(ev) or not kernels else 0.0
+        else:
+            time_ms = total_ms if ev.key.lower().startswith(ASYNC_COLLECTIVE) else self_ms
         rows.append({"name": ev.key, "kind": kind_of(ev.key), "calls": ev.count,
-                     "time_ms": total_ms if in_flight else self_ms, "self_ms": self_ms,
-                     "total_ms": total_ms, "self_device_ms": dev / 1e3})
+                     "time_ms": time_ms, "self_ms": self_ms, "total_ms": total_ms,
+                     "self_device_ms": dev_ms, "clock": "device" if device else "host"})
     return sorted(rows, key=lambda r: -r["time_ms"])
+
+
+def clock(rows: list[dict]) -> str:
+    """Which time ``time_ms`` is in these rows: "device" (GPU) or "host" (CPU self time)."""
+    return rows[0]["clock"] if rows else "host"
 
 
 def totals(rows: list[dict]) -> dict:
@@ -68,9 +101,13 @@ def format_table(rows: list[dict], top: int = 15) -> str:
         lines.append(f"{r['name'][:40]:40s} {r['kind']:13s} {r['calls']:5d} {r['time_ms']:8.2f} "
                      f"{r['self_ms']:8.2f} {r['total_ms']:8.2f}")
     t = totals(rows)
+    if clock(rows) == "device":
+        why = ("GPU time: every kernel once; collectives' kernels run on NCCL's stream and overlap "
+               "the computation's; 'self ms' is the host's launch time")
+    else:
+        why = "host self time; collectives in flight on gloo's threads overlap the computation"
     lines.append(f"time by kind: computation {t['computation']:.1f} ms, communication "
-                 f"{t['communication']:.1f} ms (collectives in flight on gloo's threads overlap "
-                 "the computation)")
+                 f"{t['communication']:.1f} ms ({why})")
     return "\n".join(lines)
 
 
@@ -85,19 +122,26 @@ def load_trace(path) -> dict:
     return json.loads(path.read_text())
 
 
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # what ran on the GPU itself
+
+
 def intervals(trace: dict) -> dict[str, list[tuple[float, float]]]:
     """(start_us, end_us) of the trace's complete events, per kind, merged where they overlap.
 
-    Computation: operator events (categories cpu_op and kernel); communication: every event
+    On the CPU, computation: operator events (category cpu_op); communication: every event
     ``kind_of`` calls so (gloo's ``gloo:all_reduce`` is a user_annotation on a worker thread).
-    A merged interval says "this rank was computing" or "a collective was in flight".
+    A trace with GPU activity counts only what ran on the GPU (kernels, copies): the host's
+    events there are launches. A merged interval says "this rank was computing" or "a
+    collective was in flight".
     """
     raw: dict[str, list[tuple[float, float]]] = {"computation": [], "communication": []}
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") != "X":
-            continue
+    events = [ev for ev in trace.get("traceEvents", []) if ev.get("ph") == "X"]
+    device = any(ev.get("cat") in DEVICE_CATEGORIES for ev in events)
+    for ev in events:
         kind = kind_of(ev.get("name", ""))
-        if kind == "computation" and ev.get("cat") not in ("cpu_op", "kernel"):
+        if device and ev.get("cat") not in DEVICE_CATEGORIES:
+            continue
+        if not device and kind == "computation" and ev.get("cat") != "cpu_op":
             continue
         if kind in raw:
             raw[kind].append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0))))

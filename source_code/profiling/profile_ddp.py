@@ -7,6 +7,10 @@ The model, data, loader and optimizer are built by the functions of source_code/
 (the same job as ``source_code.training.ddp``, same flags). The profiler skips ``--wait``
 steps, records but discards ``--warmup`` steps (first-call costs), and keeps ``--active`` steps.
 Open traces/rank0.json in https://ui.perfetto.dev or chrome://tracing.
+
+On a GPU the table adds up the GPU's time (``classify.op_rows``: the host's times there are
+kernel launches), and ``step_ms`` is read after ``torch.cuda.synchronize``: the CPU runs ahead
+of the GPU, so a clock read right after the last step would miss the work still queued.
 """
 from __future__ import annotations
 
@@ -32,6 +36,13 @@ from source_code.training import loop
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.profiling.profile_ddp"
 
 
+def finished(device) -> float:
+    """perf_counter() once ``device`` has done its queued work (on a GPU: synchronise first)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def profiled_steps(ctx, args) -> dict:
     batch = loop.per_rank_batch(args.batch_size, ctx.world_size)
     train_set = data.load(args.dataset, "train", args.data_dir)
@@ -44,7 +55,7 @@ def profiled_steps(ctx, args) -> dict:
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
     n_steps = args.wait + args.warmup + args.active
-    start = time.perf_counter()
+    start = finished(ctx.device)
     with profile(activities=activities,
                  schedule=schedule(wait=args.wait, warmup=args.warmup, active=args.active, repeat=1),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
@@ -57,13 +68,14 @@ def profiled_steps(ctx, args) -> dict:
             loss.backward()  # DDP's hooks start all-reduces of gradient buckets in here
             opt.step()
             prof.step()      # tells the schedule that a step ended
-    seconds = time.perf_counter() - start
+    seconds = finished(ctx.device) - start
     rows = classify.op_rows(prof.key_averages())
     mine = {"rank": ctx.rank, "totals": classify.totals(rows), "trace": str(trace_path),
             "step_ms": 1e3 * seconds / n_steps}
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)  # rank 0 reports every rank's totals
-    return {"rank": ctx.rank, "rows": rows, "ranks": everyone, "world_size": ctx.world_size,
+    return {"rank": ctx.rank, "rows": rows, "clock": classify.clock(rows), "ranks": everyone,
+            "world_size": ctx.world_size,
             "backend": ctx.backend, "device": str(ctx.device),
             "schedule": {"wait": args.wait, "warmup": args.warmup, "active": args.active}}
 
@@ -71,7 +83,8 @@ def profiled_steps(ctx, args) -> dict:
 def report(result: dict, top: int) -> str:
     lines = [f"profiled {result['schedule']['active']} active steps (after {result['schedule']['wait']} "
              f"skipped and {result['schedule']['warmup']} warm-up), world_size={result['world_size']}, "
-             f"{result['backend']} on {result['device']}; rank 0's operators by self time:",
+             f"{result['backend']} on {result['device']}; rank 0's operators by "
+             f"{'GPU (device) time' if result['clock'] == 'device' else 'self time'}:",
              classify.format_table(result["rows"], top)]
     for r in result["ranks"]:
         lines.append(f"rank {r['rank']}: trace written to {os.path.abspath(r['trace'])}")
