@@ -70,7 +70,8 @@ def _fmt(order) -> str:
 
 def run_for_real(fn, p: int = 2, m: int = 4) -> dict:
     """Run ``fn``'s orders on p real processes (gloo), one step of the TransformerLM, and compare
-    with the unsplit model. Returns the executed orders, stored microbatches and max diffs."""
+    with the unsplit model. Returns the executed orders, stored microbatches, max diffs and the
+    tolerance they must stay within (``tol``: harness.TOL on the CPU)."""
     from source_code.pipeline.harness import Workload, parity
     from source_code.processes import spawn
     orders = _orders(fn, p, m)  # computed here: a function from a notebook cell cannot be pickled
@@ -79,4 +80,4 @@ def run_for_real(fn, p: int = 2, m: int = 4) -> dict:
             "peak_in_flight": [r["peak_in_flight"] for r in per_rank],
             "grad_diff": max(r["grad_diff"] for r in per_rank),
             "loss_diff": max(r["loss_diff"] for r in per_rank if r["loss_diff"] is not None),
-            "orders": orders}
+            "tol": per_rank[0]["tol"], "orders": orders}
