@@ -175,20 +175,19 @@ def zero(env: Env, check: Check) -> str:
 
 
 def profiler(env: Env, check: Check) -> str:
+    """The DDP job under torch.profiler: on a GPU the computation/communication split is in
+    device (GPU) time, said by the script and recorded in its --out JSON as clock=device."""
     out = env.launch(check)
     where = computed_on(out, env, "profiling.profile_ddp")
-    result = json.loads((env.tmp / "profile.json").read_text())
     assert (env.tmp / "traces" / "rank0.json").stat().st_size > 0, "no trace written"
-    device_ms = {"computation": 0.0, "communication": 0.0}
-    for row in result["rows"]:
-        if row["kind"] in device_ms:
-            device_ms[row["kind"]] += row.get("self_device_ms", 0.0)
-    host = line_with(out, "summary:").replace("summary: ", "")
+    clock = json.loads((env.tmp / "profile.json").read_text()).get("clock", "host")
+    summary = parse_summary(out)
     if env.device == "cuda":
-        assert device_ms["computation"] > 0, f"no device time recorded on {where}: {result['rows'][:3]}"
-        return (f"on {where}: device time computation {device_ms['computation']:.1f} ms, "
-                f"communication {device_ms['communication']:.1f} ms; host: {host}")
-    return f"on {where} (no device time on a CPU): {host}"
+        assert clock == "device" and "GPU (device) time" in out, \
+            f"the split is not in device time on {where} (clock={clock}): {out[-300:]}"
+        assert summary["compute_ms"] > 0, f"no GPU computation time recorded: {summary}"
+    return (f"on {where}, split by {clock} time: computation {summary['compute_ms']:.1f} ms, "
+            f"communication {summary['comm_ms']:.1f} ms, step {summary['step_ms']:.1f} ms")
 
 
 def memory_report(env: Env, check: Check) -> str:
