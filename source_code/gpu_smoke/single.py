@@ -106,8 +106,8 @@ def sync(env: Env, check: Check) -> str:
 
 def dataparallel(env: Env, check: Check) -> str:
     line = line_with(env.launch(check), "DataParallel:")
-    if env.device == "cuda" and env.gpus >= 2:
-        assert f"across {env.gpus} GPUs" in line, line
+    if env.device == "cuda":  # its device_ids say where it ran: [0] on one GPU, [] on the CPU
+        assert (f"across {env.gpus} GPUs" if env.gpus >= 2 else "device_ids=[0]") in line, line
     return line
 
 
