@@ -45,9 +45,9 @@ from source_code.distributed import cleanup, ranks_from_env, run_main, setup
 from source_code.profiling import flight_recorder
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang"
-ON_CPU = ("note: the hang drill runs on the CPU with gloo on purpose (WORKSHOP_DEVICE=cpu): on the "
-          "GPUs its barrier would go through NCCL, whose watchdog aborts a rank instead of raising "
-          "(see the docstring of source_code/profiling/hang.py)")
+ON_CPU = ("note: the hang drill runs with gloo on cpu on purpose (WORKSHOP_DEVICE=cpu), not on the "
+          "GPUs: there its barrier would go through NCCL, whose watchdog aborts a rank instead of "
+          "raising (see the docstring of source_code/profiling/hang.py)")
 
 
 def pin_to_cpu() -> str:
