@@ -211,13 +211,25 @@ def job_placements(nodes) -> list[Placement]:
     return [per_rank[r] for r in sorted(per_rank)]
 
 
+def _srun_task_gpu(env, gpus: Gpus) -> bool:
+    """An srun task (no torchrun inside) that sees one GPU Slurm gave to this task alone
+    (--gpus-per-task, or a select-GPU wrapper's single id): the others see their own."""
+    single = any(env.get(k, "").strip().isdigit() for k in VISIBLE)
+    return (gpus.count == 1 and "SLURM_STEP_NUM_TASKS" in env and "TORCHELASTIC_RUN_ID" not in env
+            and bool(env.get("SLURM_GPUS_PER_TASK") or single))
+
+
 def choose(local_rank: int = 0, local_world_size: int = 1, env=None, gpus: Gpus | None = None) -> Placement:
-    """This process's placement when no other rank's view is known: every local rank is taken
-    to see what this one sees (one process alone, or a launcher without a store to share)."""
+    """This process's placement when no other rank's view is known (one process alone, or a
+    launcher without a store to share): every local rank is taken to see what this one sees,
+    except an srun task's own GPU (``_srun_task_gpu``). Where the ranks can talk before
+    joining, ``distributed.place`` decides from every rank's real view instead."""
     env = os.environ if env is None else env
     if _wanted(env) == "cpu":
         return CPU
     gpus = Gpus.probe() if gpus is None else gpus
+    if _srun_task_gpu(env, gpus):
+        return node_placements([env], [gpus])[0]
     return node_placements([env] * local_world_size, [gpus] * local_world_size)[local_rank]
 
 

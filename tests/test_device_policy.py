@@ -186,3 +186,15 @@ def test_views_travel_as_json_and_every_rank_reads_the_same_answer():
     for rank in range(2):
         with pytest.raises(DeviceError, match="cannot start CUDA"):
             placement_from(broken, rank)
+
+
+def test_an_srun_task_alone_trusts_the_gpu_slurm_gave_it_but_torchrun_children_do_not():
+    """Without an exchange (a framework under srun forms its own group), an srun task that sees
+    one GPU given per task uses it; torchrun's children of one task with one GPU must not."""
+    one = sees(node_gpus(1)[0])
+    task = {"SLURM_STEP_NUM_TASKS": "8", "SLURM_GPUS_PER_TASK": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    assert str(choose(3, 8, env=task, gpus=one).device) == "cuda:0"
+    lumi = {"SLURM_STEP_NUM_TASKS": "8", "ROCR_VISIBLE_DEVICES": "5"}
+    assert str(choose(5, 8, env=lumi, gpus=one).device) == "cuda:0"
+    children = {**task, "TORCHELASTIC_RUN_ID": "42"}
+    assert choose(2, 4, env=children, gpus=one).device.type == "cpu"

@@ -14,7 +14,7 @@ def _clean(out: str) -> None:
 def test_parity_with_one_process(torchrun, nproc):
     out = torchrun("source_code.sharding.parity", "--steps", "3", nproc=nproc).stdout
     _clean(out)
-    diffs = dict(re.findall(r"parity: impl=(\w+) world_size=\d+ steps=3 max_abs_diff=(\S+)", out))
+    diffs = dict(re.findall(r"parity: impl=(\w+) world_size=\d+ device=\S+ steps=3 max_abs_diff=(\S+)", out))
     assert set(diffs) == {"zero1", "zero2", "torch_zero", "fsdp"}, out[-1500:]
     assert all(float(d) <= 1e-6 for d in diffs.values()), diffs
 

@@ -137,7 +137,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
         loop.per_rank_batch(args.batch_size, ctx.world_size)  # one-line error if it does not divide
-        print0(exact_math())  # TF32 and cuDNN autotuning would break 1e-5 on a GPU
+        print0(f"{ctx.world_size} processes, {ctx.backend} on {ctx.device}; {exact_math()}")  # TF32 and cuDNN autotuning would break 1e-5 on a GPU
         res = run(ctx, args)
         report(res, args)
         if ctx.is_main and args.out:

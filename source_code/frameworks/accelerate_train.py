@@ -76,7 +76,8 @@ def train(args, job) -> dict:
         state = common.full_state_dict(accelerator.unwrap_model(model))
         if accelerator.is_main_process:
             torch.save(state, args.save_weights)
-    print0(common.summary(accelerator.num_processes, args.epochs, accuracy, seconds, steps, loss))
+    print0(common.summary(accelerator.num_processes, args.epochs, accuracy, seconds, steps, loss,
+                          accelerator.device))
     return {"accuracy": accuracy}
 
 

@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from source_code import data, device_policy
 from source_code.cli import Parser, writable_path
-from source_code.distributed import cleanup, ranks_from_env
+from source_code.distributed import cleanup, place, ranks_from_env
 from source_code.errors import LaunchError
 from source_code.training import loop
 
@@ -46,8 +46,9 @@ class Job:
         self.rank, self.local_rank, self.world_size, self.launcher = found or (0, 0, 1, "none")
         self.local_world_size = device_policy.local_world_size(os.environ, self.world_size)
         self.num_nodes = max(self.world_size // max(self.local_world_size, 1), 1)
-        # the one device policy decides CPU or GPU; the framework then places each rank itself
-        self.device_type = device_policy.choose(self.local_rank, self.local_world_size).device.type
+        # the one device policy decides CPU or GPU for the whole job (under torchrun the ranks
+        # exchange their views through its store); the framework then places each rank itself
+        self.device_type = place(self.rank, self.local_rank, self.world_size).device.type
 
     def check_batch(self, batch_size: int) -> int:
         return loop.per_rank_batch(batch_size, self.world_size)
@@ -70,10 +71,11 @@ def sharded_loader(train_set, args, rank: int, world_size: int, device) -> DataL
 
 
 def summary(world_size: int, epochs: int, accuracy: float, seconds: float, steps: int,
-            loss: float) -> str:
-    """The plain script's summary line plus the optimizer steps and the last epoch's mean loss."""
-    return (f"{loop.summary_line(world_size, epochs, accuracy, seconds)} steps={steps} "
-            f"loss={loss:.4f}")
+            loss: float, device) -> str:
+    """Where the framework computed (its own choice of device, read back from the model), then
+    the plain script's summary line plus the optimizer steps and the last epoch's mean loss."""
+    return (f"trained on {torch.device(device)}\n"
+            f"{loop.summary_line(world_size, epochs, accuracy, seconds)} steps={steps} loss={loss:.4f}")
 
 
 def full_state_dict(module: torch.nn.Module) -> dict:

@@ -89,7 +89,8 @@ def train(args, job) -> dict:
             state = common.full_state_dict(engine.module)
         if job.rank == 0:
             torch.save(state, args.save_weights)
-    print0(common.summary(job.world_size, args.epochs, accuracy, seconds, engine.global_steps, loss))
+    print0(common.summary(job.world_size, args.epochs, accuracy, seconds, engine.global_steps, loss,
+                          engine.device))
     engine.destroy()
     return {"accuracy": accuracy}
 

@@ -90,7 +90,7 @@ def train(args, job) -> dict:
         state = common.full_state_dict(module.model)
         if job.rank == 0:
             torch.save(state, args.save_weights)
-    print0(common.summary(job.world_size, args.epochs, accuracy, seconds, steps, loss))
+    print0(common.summary(job.world_size, args.epochs, accuracy, seconds, steps, loss, module.device))
     return {"accuracy": accuracy}
 
 

@@ -92,7 +92,7 @@ def run(ctx, args) -> dict:
         got = full_weights(getattr(model, "module", model))
         if ctx.is_main:
             diffs[impl] = max((a - b).abs().max().item() for a, b in zip(got, reference))
-            print0(f"parity: impl={impl} world_size={ctx.world_size} steps={args.steps} "
+            print0(f"parity: impl={impl} world_size={ctx.world_size} device={ctx.device} steps={args.steps} "
                    f"max_abs_diff={diffs[impl]:.3g}")
         del model, opt
     dist.barrier()
