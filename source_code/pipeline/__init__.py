@@ -3,7 +3,9 @@
 Lesson files (notebook 09), in reading order:
 * simulator.py -- schedules as per-stage operation orders (naive, GPipe, 1F1B) and their
                   timelines from per-operation costs; pure Python, no processes
-* formulas.py  -- the bubble (p - 1) / (m + p - 1) and the stored microbatches per stage
+* more_schedules.py -- interleaved 1F1B (v chunks per rank) and ZB-H1 (backward split into
+                  B and W) as orders for the simulator
+* formulas.py  -- the bubble (p - 1) / (m + p - 1) (and of the two above), stored microbatches
 * stages.py    -- TransformerLM (and an MLP stack) cut into stages; the last stage's loss
 * comms.py     -- the point-to-point messages between neighbouring stages
 * schedules.py -- run_step: one stage executes its order for real, timing every operation

@@ -14,14 +14,23 @@ per-operation costs, ``simulate`` computes when each operation starts and ends, 
 * between two of its operations a stage spends ``gap`` seconds not computing (posting its
   messages, bookkeeping): idle time that the formula (p - 1) / (m + p - 1) leaves out.
 
-The real runs (``schedules.run_step``) execute exactly these orders; their measured timelines
-are compared with the simulated ones in notebook 09.
+Two more schedules (more_schedules.py, simulated only) use two extensions: an operation
+``("F", i, c)`` runs chunk c of a rank that holds v chunks (interleaved 1F1B: chunk c of rank
+r is virtual stage c p + r), and a backward split into ``("B", i)``, the input's gradient
+(what the previous stage waits for), and ``("W", i)``, the weights' gradient (ZB-H1; W needs
+its own B only).
+
+The real runs (``schedules.run_step``) execute the orders of naive, GPipe and 1F1B; their
+measured timelines are compared with the simulated ones in notebook 09.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("naive", "gpipe", "1f1b")
+from source_code.pipeline.more_schedules import interleaved_order, zb_h1_order
+
+SCHEDULES = ("naive", "gpipe", "1f1b")                  # run for real by schedules.run_step
+SIMULATED = SCHEDULES + ("interleaved", "zb-h1")        # the simulator knows these too
 
 
 # --------------------------------------------------------------------------- orders
@@ -46,8 +55,9 @@ def one_f_one_b_order(p: int, m: int, s: int) -> list[tuple[str, int]]:
     return order
 
 
-def stage_order(schedule: str, p: int, m: int, s: int) -> list[tuple[str, int]]:
-    """The order of stage s; "naive" is the unsplit batch sent through the stages: GPipe with m=1."""
+def stage_order(schedule: str, p: int, m: int, s: int, v: int = 2) -> list[tuple]:
+    """The order of stage s; "naive" is the unsplit batch sent through the stages: GPipe with m=1;
+    "interleaved" holds v chunks per rank, "zb-h1" splits the backward (more_schedules.py)."""
     if schedule == "naive":
         if m != 1:
             raise ValueError(f"the naive split has one microbatch (the whole batch), got m={m}")
@@ -56,11 +66,15 @@ def stage_order(schedule: str, p: int, m: int, s: int) -> list[tuple[str, int]]:
         return gpipe_order(p, m, s)
     if schedule == "1f1b":
         return one_f_one_b_order(p, m, s)
-    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if schedule == "interleaved":
+        return interleaved_order(p, m, s, v)
+    if schedule == "zb-h1":
+        return zb_h1_order(p, m, s)
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SIMULATED)}")
 
 
-def orders(schedule: str, p: int, m: int) -> list[list[tuple[str, int]]]:
-    return [stage_order(schedule, p, m, s) for s in range(p)]
+def orders(schedule: str, p: int, m: int, v: int = 2) -> list[list[tuple]]:
+    return [stage_order(schedule, p, m, s, v) for s in range(p)]
 
 
 def _check(p: int, m: int, s: int) -> None:
@@ -69,26 +83,41 @@ def _check(p: int, m: int, s: int) -> None:
 
 
 # --------------------------------------------------------------------------- checks on orders
-def validate(orders_: list[list[tuple[str, int]]], m: int) -> None:
-    """Raise ValueError unless every stage runs F0..F(m-1) and B0..B(m-1) once each, in
-    microbatch order, each B after its F (messages between two stages are matched in order)."""
+def _op(op) -> tuple[str, int, int]:
+    """(kind, microbatch, chunk) of an operation written with or without its chunk."""
+    kind, i, *chunk = op
+    return str(kind), int(i), int(chunk[0]) if chunk else 0
+
+
+def validate(orders_: list[list[tuple]], m: int) -> None:
+    """Raise ValueError unless every stage runs F0..F(m-1) and B0..B(m-1) once each (per chunk,
+    and W0..W(m-1) where the backward is split), in microbatch order, each B after its F and
+    each W after its B (messages between two stages are matched in order)."""
     for s, order in enumerate(orders_):
-        ops = [tuple(op) for op in order]
-        for kind in "FB":
-            seq = [i for k, i in ops if k == kind]
-            if seq != list(range(m)):
-                raise ValueError(f"stage {s}: the {kind} operations are {seq}, expected "
-                                 f"{list(range(m))} (each microbatch once, in order)")
-        for i in range(m):
-            if ops.index(("B", i)) < ops.index(("F", i)):
-                raise ValueError(f"stage {s}: B{i} comes before F{i} (a backward needs its forward)")
+        ops = [_op(op) for op in order]
+        kinds = "FBW" if any(k == "W" for k, _, _ in ops) else "FB"
+        for c in sorted({c for _, _, c in ops}):
+            for kind in kinds:
+                seq = [i for k, i, cc in ops if k == kind and cc == c]
+                if seq != list(range(m)):
+                    where = f" of chunk {c}" if c else ""
+                    raise ValueError(f"stage {s}: the {kind} operations{where} are {seq}, expected "
+                                     f"{list(range(m))} (each microbatch once, in order)")
+            for i in range(m):
+                for before, after, why in (("F", "B", "a backward needs its forward"),
+                                           ("B", "W", "a weight gradient needs its input gradient")):
+                    if after in kinds and ops.index((after, i, c)) < ops.index((before, i, c)):
+                        raise ValueError(f"stage {s}: {after}{i} comes before {before}{i} ({why})")
 
 
-def peak_in_flight(order: list[tuple[str, int]]) -> int:
-    """Largest number of microbatches whose forward is done and backward is not (stored activations)."""
+def peak_in_flight(order: list[tuple]) -> int:
+    """Largest number of microbatches (chunks: microbatch-chunks) whose forward is done and whose
+    backward is not (stored activations); with a split backward, until the W."""
+    frees = "W" if any(_op(op)[0] == "W" for op in order) else "B"
     live = peak = 0
-    for kind, _ in order:
-        live += 1 if kind == "F" else -1
+    for op in order:
+        kind = _op(op)[0]
+        live += 1 if kind == "F" else -1 if kind == frees else 0
         peak = max(peak, live)
     return peak
 
@@ -97,10 +126,11 @@ def peak_in_flight(order: list[tuple[str, int]]) -> int:
 @dataclass(frozen=True)
 class Op:
     stage: int
-    kind: str        # "F" or "B"
+    kind: str        # "F", "B" (or, split: "B" input gradient, "W" weight gradient)
     mb: int
     start: float
     end: float
+    chunk: int = 0   # which of a rank's chunks (interleaved)
 
 
 class Deadlock(RuntimeError):
@@ -111,30 +141,34 @@ def _per_stage(cost, p: int) -> list[float]:
     return [float(cost)] * p if isinstance(cost, (int, float)) else [float(c) for c in cost]
 
 
-def simulate(orders_: list[list[tuple[str, int]]], fwd=1.0, bwd=2.0, comm=0.0, gap=0.0) -> list[Op]:
-    """Start and end of every operation; ``fwd``/``bwd`` are costs (one number, or one per stage),
-    ``comm`` the time of a message, ``gap`` a stage's idle time between two of its operations.
+def simulate(orders_: list[list[tuple]], fwd=1.0, bwd=2.0, comm=0.0, gap=0.0, wgt=0.0) -> list[Op]:
+    """Start and end of every operation; ``fwd``/``bwd``/``wgt`` are the costs of one F, B, W
+    (one number, or one per stage; a chunk's operation when a rank holds several), ``comm`` the
+    time of a message, ``gap`` a stage's idle time between two of its operations.
 
     Raises Deadlock when no stage can proceed (e.g. two stages each waiting for the other).
     """
     p = len(orders_)
-    fwd, bwd = _per_stage(fwd, p), _per_stage(bwd, p)
-    done: dict[tuple[str, int, int], float] = {}     # (kind, stage, mb) -> end time
+    ops_ = [[_op(op) for op in order] for order in orders_]
+    v = 1 + max(c for order in ops_ for _, _, c in order)   # chunks per rank
+    cost = {"F": _per_stage(fwd, p), "B": _per_stage(bwd, p), "W": _per_stage(wgt, p)}
+    done: dict[tuple[str, int, int], float] = {}     # (kind, virtual stage, mb) -> end time
     free = [0.0] * p                                 # when each stage is next idle
     nxt = [0] * p                                    # index of each stage's next operation
     out: list[Op] = []
-    while any(nxt[s] < len(orders_[s]) for s in range(p)):
+    while any(nxt[s] < len(ops_[s]) for s in range(p)):
         progressed = False
         for s in range(p):
-            while nxt[s] < len(orders_[s]):
-                kind, i = orders_[s][nxt[s]]
-                ready = _ready_time(kind, s, i, p, done, comm)
+            while nxt[s] < len(ops_[s]):
+                kind, i, c = ops_[s][nxt[s]]
+                g = c * p + s                        # virtual stage (looped over the ranks)
+                ready = _ready_time(kind, g, i, p * v, done, comm)
                 if ready is None:
                     break
                 start = max(free[s] + (gap if nxt[s] else 0.0), ready)
-                end = start + (fwd[s] if kind == "F" else bwd[s])
-                done[(kind, s, i)] = free[s] = end
-                out.append(Op(s, kind, i, start, end))
+                end = start + cost[kind][s]
+                done[(kind, g, i)] = free[s] = end
+                out.append(Op(s, kind, i, start, end, c))
                 nxt[s] += 1
                 progressed = True
         if not progressed:
@@ -145,7 +179,10 @@ def simulate(orders_: list[list[tuple[str, int]]], fwd=1.0, bwd=2.0, comm=0.0, g
 
 
 def _ready_time(kind, s, i, p, done, comm):
-    """When the inputs of operation (kind, s, i) are available, or None if not yet computed."""
+    """When the inputs of operation (kind, s, i) are available, or None if not yet computed
+    (s: the virtual stage of p in all; a message between virtual stages takes ``comm``)."""
+    if kind == "W":
+        return done.get(("B", s, i))
     if kind == "F":
         if s == 0:
             return 0.0
@@ -176,13 +213,23 @@ def bubble_fraction(timeline) -> float:
     return (p * total - busy) / (p * total)
 
 
+def bubble_ratio(timeline) -> float:
+    """Idle time / busy time over all stages: the bubble relative to the ideal step (with equal
+    stages (T - C) / C, C = what one stage computes); = fraction / (1 - fraction)."""
+    frac = bubble_fraction(timeline)
+    return frac / (1 - frac)
+
+
 def format_orders(orders_) -> str:
-    return "\n".join(f"stage {s}: " + " ".join(f"{k}{i}" for k, i in order)
+    def name(op):
+        k, i, c = _op(op)
+        return f"{k}{i}" + "'" * c          # chunk 1: F3', chunk 2: F3'' ...
+    return "\n".join(f"stage {s}: " + " ".join(name(op) for op in order)
                      for s, order in enumerate(orders_))
 
 
 if __name__ == "__main__":
-    from source_code.pipeline.formulas import bubble_theory
+    from source_code.pipeline.formulas import bubble_theory, interleaved_bubble, zb_h1_bubble
     p, m = 4, 8
     for name in ("gpipe", "1f1b"):
         o = orders(name, p, m)
@@ -191,3 +238,12 @@ if __name__ == "__main__":
         print(f"  step time {step_time(tl):.0f}, bubble {bubble_fraction(tl):.3f} "
               f"(theory {bubble_theory(p, m):.3f}), peak stored microbatches per stage "
               f"{[peak_in_flight(x) for x in o]}\n")
+    o = orders("interleaved", p, m, v=2)
+    tl = simulate(o, fwd=1 / 2, bwd=2 / 2)
+    print(f"interleaved 1F1B, v=2 chunks per rank (a chunk's F=1/2, B=2/2):\n{format_orders(o)}")
+    print(f"  bubble ratio {bubble_ratio(tl):.4f} (theory (p-1)/(v m) = {interleaved_bubble(p, m, 2):.4f})\n")
+    o = orders("zb-h1", p, m)
+    tl = simulate(o, fwd=1, bwd=1, wgt=1)
+    print(f"ZB-H1 (F=1, B=1 input gradient, W=1 weight gradient):\n{format_orders(o)}")
+    print(f"  bubble ratio {bubble_ratio(tl):.4f} (theory {zb_h1_bubble(p, m, 1, 1, 1):.4f}), "
+          f"peak stored microbatches per stage {[peak_in_flight(x) for x in o]}")
