@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from source_code import device_policy, models
 from source_code.profiling import classify, flight_recorder, hang, mfu, monitor, scaling
@@ -50,22 +49,49 @@ def test_matmul_count_by_hand():
     assert mfu.transformer_flops(2, 64, 32, 4, 16) == 40_108_032
 
 
-def test_weight_flops_equal_torch_flop_counter():
-    """torch's FlopCounterMode counts the weight matmuls of forward + backward exactly as 6 N (B T)
-    (the attention kernel is not in its table on CPU: that term is the formula's own)."""
+def test_flop_counter_counts_model_and_attention_flops_on_any_device():
+    """torch's FlopCounterMode, with the math attention kernel, counts the weight matmuls as
+    6 N (B T) and attention as 12 L B T^2 d (the full T x T, not halved for the causal mask)."""
     torch.manual_seed(0)
     L, d, V, B, T = 3, 96, 50, 2, 32
     model = models.TransformerLM(vocab_size=V, dim=d, n_layers=L, n_heads=3, max_len=T)
-    with FlopCounterMode(display=False) as counter:
-        model(torch.randint(0, V, (B, T))).sum().backward()
-    weights = mfu.transformer_flops(L, d, V, B, T) - 12 * L * B * T * T * d
-    assert counter.get_total_flops() == weights == 6 * mfu.matmul_weights(L, d, V) * B * T
+    got = mfu.counted_flops(model, torch.randint(0, V, (B, T)))
+    assert got["weights"] == mfu.model_flops(L, d, V, B, T) == 6 * mfu.matmul_weights(L, d, V) * B * T
+    assert got["attention"] == mfu.attention_flops(L, d, B, T) == 12 * L * B * T * T * d
+    assert got["total"] == mfu.transformer_flops(L, d, V, B, T)
+    assert mfu.attention_flops(L, d, B, T, causal_skip=True) * 2 == got["attention"]
+    with torch.device("meta"):  # no kernel runs: the same count from shapes alone
+        meta = models.TransformerLM(vocab_size=V, dim=d, n_layers=L, n_heads=3, max_len=T)
+        assert mfu.counted_flops(meta, torch.randint(0, V, (B, T)))["total"] == got["total"]
+
+
+def test_datasheet_peaks_and_which_row_a_device_gets(monkeypatch):
+    assert mfu.datasheet_row("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert mfu.datasheet_row("NVIDIA A100-SXM4-80GB") == "A100"
+    assert mfu.datasheet_row("AMD Instinct MI250X") == "MI250X GCD"
+    assert mfu.datasheet_row("NVIDIA H100 PCIe") is None  # another part: not the SXM's peak
+    assert mfu.datasheet_peak("cpu", False) == (None, None)
+    # the 40 % goal: against the H100 SXM's dense bf16 peak
+    assert mfu.DATASHEET[mfu.GOAL["gpu"]][mfu.GOAL["format"]] == 989.4e12
+    assert mfu.DATASHEET["MI250X GCD"]["tf32"] is None and "| MI250X GCD | 191.5 | none | 47.9 |" in mfu.datasheet_table()
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    before = torch.backends.cuda.matmul.allow_tf32  # a property of torch's: set and restored by hand
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert mfu.datasheet_peak("cuda", True) == ("H100 SXM", 989.4e12)
+        assert mfu.datasheet_peak("cuda", False) == ("H100 SXM", 494.7e12)  # float32 on tensor cores: TF32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert mfu.datasheet_peak("cuda", False) == ("H100 SXM", 66.9e12)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_mfu_measure_small():
     r = mfu.measure(dim=64, layers=1, seq=16, batch=2, vocab=32, steps=2)
-    assert r["flops_per_step"] == mfu.transformer_flops(1, 64, 32, 2, 16)
+    assert r["flops_per_step"] == mfu.transformer_flops(1, 64, 32, 2, 16) == r["model_flops"] + r["attention_flops"]
     assert 0 < r["mfu"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
+    assert r["datasheet"] is None and r["mfu_datasheet"] is None  # a CPU: only the measured peak
+    assert "no datasheet peak for this device" in mfu.describe(r)
 
 
 def test_scaling_efficiency_formulas():
@@ -202,3 +228,40 @@ def test_profile_ddp_step_time_waits_for_the_gpu(monkeypatch):
     assert calls == []
     profile_ddp.finished(torch.device("cuda", 1))
     assert calls == [(torch.device("cuda", 1),)]
+
+
+def test_step_breakdown_reads_per_step_means_from_a_trace():
+    """Two steps of 10 us on the main thread (tid 1); gloo's all-reduce on tid 2. Step 1: an op
+    0-4, the all-reduce 3-9, the main thread idle 4-10 (waiting 4-9). Step 2: an op 10-18."""
+    ev = lambda name, ts, dur, tid=1, cat="cpu_op": {"ph": "X", "name": name, "ts": ts, "dur": dur,  # noqa: E731
+                                                     "tid": tid, "cat": cat}
+    trace = {"traceEvents": [ev("ProfilerStep#2", 0, 10, cat="user_annotation"),
+                             ev("ProfilerStep#3", 10, 10, cat="user_annotation"),
+                             ev("aten::mm", 0, 4), ev("gloo:all_reduce", 3, 6, tid=2, cat="user_annotation"),
+                             ev("aten::mm", 10, 8), ev("aten::add", 25, 5)]}  # after the steps: left out
+    got = classify.step_breakdown(trace)
+    want = {"steps": 2, "step": 10.0, "computing": 6.0, "communicating": 3.0, "overlap": 0.5,
+            "main_idle": 4.0, "main_idle_comm": 2.5}
+    assert got == pytest.approx({k: v / 1e3 if k != "steps" else v for k, v in want.items()})
+    assert classify.overlap_us([(0, 4), (6, 8)], [(2, 7)]) == 3
+    assert classify.gaps([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
+
+
+def test_per_step_divides_calls_and_times():
+    rows = classify.op_rows([_Ev("aten::mm", 900, 1000), _Ev("gloo:all_reduce", 0, 6000)])
+    rows[0]["calls"] = 6
+    per = classify.per_step(rows, 3)
+    assert per[0]["calls"] == 2 and per[0]["time_ms"] == pytest.approx(2.0)
+    assert classify.totals(per) == pytest.approx({"computation": 0.3, "communication": 2.0, "annotation": 0.0})
+    assert "(ms per step)" in classify.format_table(per, unit="ms per step")
+
+
+def test_loader_figure_names_the_all_reduce_only_with_several_processes():
+    import matplotlib
+    matplotlib.use("Agg")
+    from source_code.profiling import figures
+    run = {"data_wait_ms": 5.0, "step_ms": 8.0, "samples_per_s": 100.0}
+    for world, named in ((1, False), (2, True)):
+        fig = figures.loader_figure({"a": {**run, "world_size": world}})
+        labels = fig.axes[0].get_legend_handles_labels()[1]
+        assert ("all-reduce" in " ".join(labels)) is named and any("optimizer step" in x for x in labels)

@@ -7,7 +7,13 @@ itself, asynchronous: it overlaps the backward). On a GPU with NCCL the same cal
 ``record_param_comms`` wraps each collective. ``kind_of`` maps every operator name to
 "communication", "annotation" (spans that only group other events: ProfilerStep#3,
 DistributedDataParallel.forward, Optimizer.step...) or "computation". ``op_rows`` adds up
-host (CPU) self time, or the GPU's time where the profile recorded CUDA activity (``clock``).
+host (CPU) self time, or the GPU's time where the profile recorded CUDA activity (``clock``);
+``per_step`` turns the profiler's totals over the active steps into means per step.
+
+An annotation has self time too: the time inside it that no recorded operator covers (Python,
+waiting). ``ProfilerStep*``'s self time is the main thread's time outside every operator of the
+step; ``step_breakdown`` reads from the trace how much of it was spent while a collective was in
+flight (DDP waiting at the end of the backward for the last bucket's all-reduce).
 """
 from __future__ import annotations
 
@@ -81,6 +87,12 @@ def op_rows(key_averages) -> list[dict]:
     return sorted(rows, key=lambda r: -r["time_ms"])
 
 
+def per_step(rows: list[dict], steps: int) -> list[dict]:
+    """The rows with calls and times divided by ``steps``: means per profiled step."""
+    keys = ("calls", "time_ms", "self_ms", "total_ms", "self_device_ms")
+    return [{**r, **{k: r[k] / steps for k in keys}} for r in rows]
+
+
 def clock(rows: list[dict]) -> str:
     """Which time ``time_ms`` is in these rows: "device" (GPU) or "host" (CPU self time)."""
     return rows[0]["clock"] if rows else "host"
@@ -94,20 +106,22 @@ def totals(rows: list[dict]) -> dict:
     return out
 
 
-def format_table(rows: list[dict], top: int = 15) -> str:
-    """The ``top`` operators by time, with their kind, as fixed-width text."""
-    lines = [f"{'operator':40s} {'kind':13s} {'calls':>5s} {'time ms':>8s} {'self ms':>8s} {'total ms':>8s}"]
+def format_table(rows: list[dict], top: int = 15, unit: str = "ms") -> str:
+    """The ``top`` operators by time, with their kind, as fixed-width text; ``unit`` names what
+    the numbers are ("ms per step" for the rows of ``per_step``)."""
+    lines = [f"{'operator':40s} {'kind':13s} {'calls':>5s} {'time':>8s} {'self':>8s} {'total':>8s}   ({unit})"]
     for r in rows[:top]:
-        lines.append(f"{r['name'][:40]:40s} {r['kind']:13s} {r['calls']:5d} {r['time_ms']:8.2f} "
+        lines.append(f"{r['name'][:40]:40s} {r['kind']:13s} {r['calls']:5g} {r['time_ms']:8.2f} "
                      f"{r['self_ms']:8.2f} {r['total_ms']:8.2f}")
     t = totals(rows)
     if clock(rows) == "device":
-        why = ("GPU time: every kernel once; collectives' kernels run on NCCL's stream and overlap "
-               "the computation's; 'self ms' is the host's launch time")
+        why = ("GPU time: every kernel once; collectives' kernels run on NCCL's own stream, so they "
+               "may run alongside the computation; 'self' is the host's launch time")
     else:
-        why = "host self time; collectives in flight on gloo's threads overlap the computation"
-    lines.append(f"time by kind: computation {t['computation']:.1f} ms, communication "
-                 f"{t['communication']:.1f} ms ({why})")
+        why = ("host self time; a collective counts its whole time in flight on gloo's thread, which "
+               "may or may not overlap the computation: the trace says how much")
+    lines.append(f"time by kind: computation {t['computation']:.2f} {unit}, communication "
+                 f"{t['communication']:.2f} {unit} ({why})")
     return "\n".join(lines)
 
 
@@ -168,3 +182,60 @@ def step_windows(trace: dict) -> list[tuple[float, float]]:
     return sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]))
                   for e in trace.get("traceEvents", [])
                   if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
+def overlap_us(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the intersection of two merged span lists: [(0, 4)] and [(2, 6)] -> 2."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def gaps(windows: list[tuple[float, float]], busy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of ``windows`` that no span of ``busy`` (merged) covers."""
+    out = []
+    for start, end in windows:
+        cur = start
+        for a, b in busy:
+            if b <= cur or a >= end:
+                continue
+            if a > cur:
+                out.append((cur, a))
+            cur = max(cur, b)
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def step_breakdown(trace: dict) -> dict:
+    """Means per profiled step (ms) read from one rank's trace, within its ProfilerStep windows:
+
+    * step: the step's length; computing: some operator ran; communicating: a collective was
+      in flight; overlap: both at once (communication hidden under computation);
+    * main_idle: the main thread outside every recorded event (``ProfilerStep*``'s self time);
+      main_idle_comm: the part of it while a collective was in flight (the main thread waiting
+      for it, as DDP does at the end of the backward for the last bucket).
+    """
+    windows = step_windows(trace)
+    n = max(len(windows), 1)
+    spans = {k: merge([(max(a, w0), min(b, w1)) for a, b in v for w0, w1 in windows if a < w1 and b > w0])
+             for k, v in intervals(trace).items()}
+    steps_ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"
+                and str(e.get("name", "")).startswith("ProfilerStep#")]
+    main = steps_ev[0].get("tid") if steps_ev else None
+    busy = merge([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+                  for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("tid") == main
+                  and not str(e.get("name", "")).startswith("ProfilerStep#")])
+    idle = gaps(windows, busy)
+    ms = lambda us: us / 1e3 / n  # noqa: E731
+    return {"steps": len(windows), "step": ms(busy_us(windows)),
+            "computing": ms(busy_us(spans["computation"])),
+            "communicating": ms(busy_us(spans["communication"])),
+            "overlap": ms(overlap_us(spans["computation"], spans["communication"])),
+            "main_idle": ms(busy_us(idle)), "main_idle_comm": ms(overlap_us(idle, spans["communication"]))}

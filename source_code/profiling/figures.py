@@ -58,12 +58,15 @@ def scaling_figure(result: dict, efficiencies: dict, name: str | None = None):
 
 
 def loader_figure(runs: dict[str, dict], name: str | None = None):
-    """Per configuration: median step time split into waiting for data and the rest."""
+    """Per configuration: median step time split into waiting for data and the rest (the rest
+    names the all-reduce only where a run had more than one process: one process has none)."""
     fig, ax = plt.subplots(figsize=(7, 0.8 + 0.7 * len(runs)))
+    several = any(r.get("world_size", 1) > 1 for r in runs.values())
+    rest_label = f"forward, backward, {'all-reduce, ' if several else ''}optimizer step"
     for i, (label, r) in enumerate(runs.items()):
         wait, rest = r["data_wait_ms"], r["step_ms"] - r["data_wait_ms"]
         ax.barh(i, wait, color="tab:red", label="waiting for the DataLoader" if i == 0 else None)
-        ax.barh(i, rest, left=wait, color="tab:blue", label="forward, backward, all-reduce, step" if i == 0 else None)
+        ax.barh(i, rest, left=wait, color="tab:blue", label=rest_label if i == 0 else None)
         ax.text(r["step_ms"] * 1.01, i, f"{r['samples_per_s']:,.0f} samples/s", va="center")
     ax.set_yticks(range(len(runs)), list(runs))
     ax.invert_yaxis()

@@ -8,9 +8,14 @@ The model, data, loader and optimizer are built by the functions of source_code/
 steps, records but discards ``--warmup`` steps (first-call costs), and keeps ``--active`` steps.
 Open traces/rank0.json in https://ui.perfetto.dev or chrome://tracing.
 
-On a GPU the table adds up the GPU's time (``classify.op_rows``: the host's times there are
-kernel launches), and ``step_ms`` is read after ``torch.cuda.synchronize``: the CPU runs ahead
-of the GPU, so a clock read right after the last step would miss the work still queued.
+Every number it prints is a mean per active step: the operator table (the profiler's totals
+over the active steps divided by their number), the split read from each rank's trace
+(``classify.step_breakdown``: computing, a collective in flight, both at once, the main thread
+waiting) and ``step_ms``, the wall time of the active steps alone (the skipped and warm-up
+steps, the profiler's start-up and ``prof.step()``, which writes the trace, are not in it). On a GPU the table adds up the GPU's time
+(``classify.op_rows``: the host's times there are kernel launches), and each step's clock is
+read after ``torch.cuda.synchronize``: the CPU runs ahead of the GPU, so a clock read right
+after a step would miss the work still queued.
 """
 from __future__ import annotations
 
@@ -55,11 +60,12 @@ def profiled_steps(ctx, args) -> dict:
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
     n_steps = args.wait + args.warmup + args.active
-    start = finished(ctx.device)
+    step_s = []
     with profile(activities=activities,
                  schedule=schedule(wait=args.wait, warmup=args.warmup, active=args.active, repeat=1),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
                  record_shapes=True) as prof:
+        start = finished(ctx.device)
         for step, (x, y) in zip(range(n_steps), batches(loader, sampler)):
             with record_function("data to device"):
                 x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
@@ -67,11 +73,14 @@ def profiled_steps(ctx, args) -> dict:
             loss = F.cross_entropy(model(x), y)
             loss.backward()  # DDP's hooks start all-reduces of gradient buckets in here
             opt.step()
-            prof.step()      # tells the schedule that a step ended
-    seconds = finished(ctx.device) - start
-    rows = classify.op_rows(prof.key_averages())
+            if step >= args.wait + args.warmup:  # an active step: its wall time counts
+                step_s.append(finished(ctx.device) - start)
+            prof.step()      # tells the schedule that a step ended (the last one writes the trace)
+            start = finished(ctx.device)
+    rows = classify.per_step(classify.op_rows(prof.key_averages()), args.active)
     mine = {"rank": ctx.rank, "totals": classify.totals(rows), "trace": str(trace_path),
-            "step_ms": 1e3 * seconds / n_steps}
+            "step_ms": 1e3 * sum(step_s) / len(step_s),
+            "breakdown": classify.step_breakdown(classify.load_trace(trace_path))}
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)  # rank 0 reports every rank's totals
     return {"rank": ctx.rank, "rows": rows, "clock": classify.clock(rows), "ranks": everyone,
@@ -84,8 +93,14 @@ def report(result: dict, top: int) -> str:
     lines = [f"profiled {result['schedule']['active']} active steps (after {result['schedule']['wait']} "
              f"skipped and {result['schedule']['warmup']} warm-up), world_size={result['world_size']}, "
              f"{result['backend']} on {result['device']}; rank 0's operators by "
-             f"{'GPU (device) time' if result['clock'] == 'device' else 'self time'}:",
-             classify.format_table(result["rows"], top)]
+             f"{'GPU (device) time' if result['clock'] == 'device' else 'self time'}, per step:",
+             classify.format_table(result["rows"], top, unit="ms per step")]
+    for r in result["ranks"]:
+        b = r["breakdown"]
+        lines.append(f"rank {r['rank']} per step (trace): {b['step']:.2f} ms, computing {b['computing']:.2f} ms, "
+                     f"a collective in flight {b['communicating']:.2f} ms, of which while computing "
+                     f"{b['overlap']:.2f} ms; main thread outside any operator {b['main_idle']:.2f} ms, "
+                     f"of which while a collective was in flight {b['main_idle_comm']:.2f} ms")
     for r in result["ranks"]:
         lines.append(f"rank {r['rank']}: trace written to {os.path.abspath(r['trace'])}")
     return "\n".join(lines)
@@ -111,9 +126,9 @@ def main(argv=None):
         Path(args.out).write_text(json.dumps(result, indent=1))
     r0 = result["ranks"][0]
     print(report(result, args.top))
-    print(f"summary: world_size={result['world_size']} active_steps={args.active} "
-          f"compute_ms={r0['totals']['computation']:.1f} comm_ms={r0['totals']['communication']:.1f} "
-          f"step_ms={r0['step_ms']:.1f}", flush=True)
+    print(f"summary: world_size={result['world_size']} active_steps={args.active} "  # means per active step
+          f"compute_ms={r0['totals']['computation']:.2f} comm_ms={r0['totals']['communication']:.2f} "
+          f"overlap_ms={r0['breakdown']['overlap']:.2f} step_ms={r0['step_ms']:.2f}", flush=True)
     return 0
 
 
