@@ -52,16 +52,25 @@ def test_tp_collectives_match_the_design(per_rank):
 @pytest.mark.parity
 def test_sp_collectives_match_the_design(per_rank):
     """SP: each all-reduce becomes an all-gather (into the TP region) + a reduce-scatter (out of
-    it), plus one all-gather before the head; backward mirrors it; the t/n-token parameters
-    (2 LayerNorms + the MLP's row bias per block, the final LayerNorm) get their grads summed."""
+    it), plus one all-gather before the head; backward mirrors it and all-gathers each column
+    layer's saved input shard once more (q/k/v share one: 2 per block); the t/n-token
+    parameters (2 LayerNorms + the MLP's row bias per block, the final LayerNorm) get their
+    grads summed."""
     L, act = WORK.layers, WORK.batch * WORK.seq * WORK.dim * 4
     for r in per_rank:
-        t = r["sp"]["table"]
+        t, n = r["sp"]["table"], r["sp"]["world"]
+        assert t[("all_gather", "forward")] == (2 * L + 1, (2 * L + 1) * act)
+        assert t[("all_gather", "backward")] == (4 * L + 1, (4 * L + 1) * act)
         for phase in ("forward", "backward"):
-            assert t[("all_gather", phase)] == (2 * L + 1, (2 * L + 1) * act)
             assert t[("reduce_scatter", phase)] == (2 * L, 2 * L * act)
+        again = [c["tag"] for c in r["sp"]["calls"] if c["tag"].endswith(".again")]
+        assert again == [f"block{i}.{k}.again" for i in reversed(range(L)) for k in ("mlp-in", "qkv")]
+        assert all(c["op"] == "all_gather" and c["phase"] == "backward" for c in r["sp"]["calls"]
+                   if c["tag"].endswith(".again"))
         wire = lambda mode: sum(c["wire"] for c in r[mode]["calls"] if c["tag"].startswith("block"))
-        assert wire("sp") == wire("tp")   # all-reduce = reduce-scatter + all-gather: same bytes sent
+        # all-reduce = reduce-scatter + all-gather: the same bytes sent, plus the 2 re-gathers a block
+        assert wire("sp") == wire("tp") + 2 * L * act * (n - 1) / n
+        assert r["sp_vp"]["table"][("all_gather", "backward")][0] == 4 * L + 2   # + the head's input
         n_params = 5 * L + 2
         assert t[("all_reduce", "backward")][0] == n_params
         assert ("all_reduce", "forward") not in t
@@ -79,9 +88,13 @@ def test_vocab_parallel_collectives(per_rank):
 
 
 @pytest.mark.parity
-def test_sp_stores_fewer_activation_bytes_in_layernorm_regions(per_rank):
+def test_sp_stores_1_over_n_of_the_layernorm_regions_and_linear_inputs(per_rank):
+    """The LayerNorm regions and the column layers' saved inputs shrink by n with SP (the shard
+    is kept, not the gathered input); the rest is the same as plain TP."""
+    L, act = WORK.layers, WORK.batch * WORK.seq * WORK.dim * 4
     for r in per_rank:
         a, n = r["activations"], r["activations"]["world"]
         assert a["sp"]["layernorm"] * n == a["tp"]["layernorm"] == a["dense"]["layernorm"]
+        assert a["sp"]["linear_input"] * n == a["tp"]["linear_input"] == a["dense"]["linear_input"] == 2 * L * act
         assert a["sp"]["other"] == a["tp"]["other"] < a["dense"]["other"]
         assert a["sp"]["total"] < a["tp"]["total"] < a["dense"]["total"]

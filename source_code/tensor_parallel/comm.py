@@ -22,7 +22,9 @@ Sequence parallelism (SP) keeps the tensors OUTSIDE the TP region sharded along 
 all-gather on the way in and a reduce-scatter on the way out (same bytes on the wire: an
 all-reduce IS a reduce-scatter followed by an all-gather):
 
-* ``gather_from_sp``         forward: all-gather along t    backward: reduce-scatter along t
+* into a column layer:      forward: all-gather along t    backward: reduce-scatter along t
+  (written together with the linear in ``layers._SPColumnLinears``, so that it can keep the
+  t/n-token shard for backward and all-gather it once more there, not the gathered input)
 * ``reduce_scatter_to_sp``   forward: reduce-scatter along t backward: all-gather along t
 and, where the sequence enters and leaves the SP part of the model (the embeddings and the
 replicated head), the cheaper pair:
@@ -170,20 +172,17 @@ def reduce_from_tp(x, tag: str = ""):
 
 
 # --------------------------------------------------------------------------- sequence parallel
-class _GatherFromSP(torch.autograd.Function):
-    """all-gather along t forward; backward: reduce-scatter (a TP consumer: partial gradients)
-    or just my slice (a replicated consumer: every rank holds the same full gradient)."""
+class _GatherToFull(torch.autograd.Function):
+    """all-gather along t forward (for a replicated consumer, the head); backward: just my
+    slice, since every rank holds the same full gradient."""
 
     @staticmethod
-    def forward(ctx, x, tag, tp_consumer):
-        ctx.tag, ctx.tp_consumer = tag, tp_consumer
+    def forward(ctx, x, tag):
         return all_gather_seq(x, "forward", tag)
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.tp_consumer:
-            return reduce_scatter_seq(grad, "backward", ctx.tag), None, None
-        return my_slice_seq(grad), None, None
+        return my_slice_seq(grad), None
 
 
 class _ReduceScatterToSP(torch.autograd.Function):
@@ -212,12 +211,8 @@ class _ScatterToSP(torch.autograd.Function):
         return all_gather_seq(grad, "backward", ctx.tag), None
 
 
-def gather_from_sp(x, tag: str = ""):
-    return _GatherFromSP.apply(x, tag, True)
-
-
 def gather_to_full(x, tag: str = ""):
-    return _GatherFromSP.apply(x, tag, False)
+    return _GatherToFull.apply(x, tag)
 
 
 def reduce_scatter_to_sp(x, tag: str = ""):

@@ -102,14 +102,18 @@ def comm_figure(tables: dict, layers: int):
 
 
 def activation_figure(act: dict):
-    """Saved-activation KiB per rank: dense, TP, TP + SP, split into LayerNorm regions and the rest."""
+    """Saved-activation KiB per rank: dense, TP, TP + SP, split into LayerNorm regions, the
+    column layers' inputs and the rest (``harness.saved_bytes``)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     names = ("dense", "tp", "sp")
     labels = ("dense\n(1 process)", "TP", "TP + SP")
-    ln = [act[n]["layernorm"] / 1024 for n in names]
-    other = [act[n]["other"] / 1024 for n in names]
-    ax.bar(labels, ln, color="tab:red", label="LayerNorm regions")
-    ax.bar(labels, other, bottom=ln, color="tab:gray", label="the rest")
+    bottom = np.zeros(len(names))
+    for part, color, label in (("layernorm", "tab:red", "LayerNorm regions"),
+                               ("linear_input", "tab:orange", "column layers' inputs"),
+                               ("other", "tab:gray", "the rest")):
+        kib = np.array([act[n][part] / 1024 for n in names])
+        ax.bar(labels, kib, bottom=bottom, color=color, label=label)
+        bottom += kib
     ax.set_ylabel("KiB saved for backward, per rank")
     ax.set_title(f"activations kept for backward ({act['world']} ranks)", fontsize=10)
     ax.legend(fontsize=8)

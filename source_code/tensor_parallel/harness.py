@@ -4,7 +4,8 @@
   and of its TP copy on the same batch; max |difference| of logits, loss and every gradient
   (each TP gradient against its slice of the dense gradient), and the ledger of collectives.
 * ``saved_bytes(model, tokens)``: bytes of the activations autograd keeps for backward,
-  split into the LayerNorm regions and the rest (sequence parallelism shrinks the former).
+  split into the LayerNorm regions, the column layers' inputs and the rest (sequence
+  parallelism shrinks the first two by n).
 
     from source_code.processes import spawn
     spawn(parity, 2, Workload(), False, device="cpu")     # one dict per rank
@@ -122,22 +123,33 @@ def layout(dense: nn.Module, tp: nn.Module) -> dict:
 def saved_bytes(model: nn.Module, tokens: torch.Tensor) -> dict:
     """Bytes of the activations saved for backward during one forward, by region.
 
-    A tensor saved while a LayerNorm module runs counts to "layernorm"; everything else to
-    "other". Parameters are not activations and are left out; a tensor saved twice counts once."""
+    * "layernorm": saved while a LayerNorm module runs (its input, mean and 1/std);
+    * "linear_input": a tensor that shares its storage with the output of a block's LayerNorm,
+      i.e. what the column-parallel layers (q/k/v, MLP up) keep as their input: the full
+      (b, t, d) in TP, the (b, t/n, d) shard in TP + SP;
+    * "other": everything else (inside the TP region, attention, the head).
+    Parameters are not activations and are left out; a tensor saved twice counts once."""
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen, out = set(), {"layernorm": 0, "other": 0}
-    region = ["other"]
+    seen, out = set(), {"layernorm": 0, "linear_input": 0, "other": 0}
+    region, norm_outputs = ["other"], set()
 
     def pack(t):
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
         if key[0] not in param_storages and key not in seen:
             seen.add(key)
-            out[region[0]] += t.numel() * t.element_size()
+            where = "linear_input" if key[0] in norm_outputs and region[0] == "other" else region[0]
+            out[where] += t.numel() * t.element_size()
         return t
 
-    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
-    hooks = [m.register_forward_pre_hook(lambda *_: region.__setitem__(0, "layernorm")) for m in norms]
-    hooks += [m.register_forward_hook(lambda *_: region.__setitem__(0, "other")) for m in norms]
+    def after_norm(module, args, output, in_block):
+        region[0] = "other"
+        if in_block:
+            norm_outputs.add(output.untyped_storage().data_ptr())
+
+    norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    hooks = [m.register_forward_pre_hook(lambda *_: region.__setitem__(0, "layernorm")) for _, m in norms]
+    hooks += [m.register_forward_hook(lambda mod, a, o, b=n.startswith("layers."): after_norm(mod, a, o, b))
+              for n, m in norms]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             logits = model(tokens)
@@ -145,7 +157,7 @@ def saved_bytes(model: nn.Module, tokens: torch.Tensor) -> dict:
         for h in hooks:
             h.remove()
     del logits
-    out["total"] = out["layernorm"] + out["other"]
+    out["total"] = sum(out.values())
     return out
 
 

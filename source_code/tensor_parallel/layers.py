@@ -10,13 +10,17 @@ A linear layer y = x @ W^T + b with W of shape (out, in) can be split two ways o
 
 Column then row needs no communication in between: the MLP's GELU, and attention per head,
 work on the slices as they are. ``sequence_parallel=True`` swaps the border operators for
-their sequence-parallel versions (all-gather in, reduce-scatter out).
+their sequence-parallel versions (all-gather in, reduce-scatter out). A sequence-parallel
+column layer is one autograd function, ``_SPColumnLinears`` (Megatron-LM's way): it keeps the
+input SHARD (b, t/n, in) for backward, not the gathered (b, t, in), and all-gathers it again
+in backward for the weight gradient: n times less memory for the input, one more all-gather.
 
 Parameters are sliced copies of the dense layer's, so parity with the dense model can be
 checked; ``owner`` on each parameter says which rows or columns of the dense matrix it holds.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -29,6 +33,41 @@ def shard_range(size: int, rank: int, world: int) -> tuple[int, int]:
         raise ValueError(f"{size} features do not split evenly over {world} ranks")
     step = size // world
     return rank * step, (rank + 1) * step
+
+
+class _SPColumnLinears(torch.autograd.Function):
+    """Sequence-parallel column-parallel linear(s) y_i = gather(x) @ W_i^T + b_i.
+
+    Forward all-gathers x along t; autograd would then keep the gathered (b, t, in) for the
+    weight gradient. This function saves the shard (b, t/n, in) instead and all-gathers it
+    again in backward. Several layers reading the same x (q, k, v) share the gathers and the
+    one reduce-scatter of dL/dx."""
+
+    @staticmethod
+    def forward(ctx, x, tag, *params):           # x: (b, t/n, in); params: w_1, b_1, w_2, b_2, ...
+        weights, biases = params[0::2], params[1::2]
+        full = comm.all_gather_seq(x, "forward", tag)                       # (b, t, in)
+        ctx.tag, ctx.has_bias = tag, [b is not None for b in biases]
+        ctx.save_for_backward(x, *weights)       # the shard, not ``full``: freed after forward
+        return tuple(F.linear(full, w, b) for w, b in zip(weights, biases))  # (b, t, out_i/n)
+
+    @staticmethod
+    def backward(ctx, *grads):                   # grads: (b, t, out_i/n)
+        x, *weights = ctx.saved_tensors
+        full = comm.all_gather_seq(x, "backward", f"{ctx.tag}.again")      # (b, t, in) once more
+        grad_full = sum(g @ w for g, w in zip(grads, weights))             # (b, t, in): my share
+        grad_x = comm.reduce_scatter_seq(grad_full, "backward", ctx.tag)   # (b, t/n, in), summed
+        flat_x = full.flatten(0, -2)                                       # (b*t, in)
+        out = []
+        for g, has_bias in zip(grads, ctx.has_bias):
+            g = g.flatten(0, -2)                                           # (b*t, out_i/n)
+            out += [g.T @ flat_x, g.sum(0) if has_bias else None]          # dW_i, db_i
+        return (grad_x, None, *out)
+
+
+def sp_column_linears(x, linears, tag: str = "") -> tuple:
+    """(b, t/n, in) -> one (b, t, out_i/n) output per ColumnParallelLinear of ``linears``."""
+    return _SPColumnLinears.apply(x, tag, *(p for m in linears for p in (m.weight, m.bias)))
 
 
 class ColumnParallelLinear(nn.Module):
@@ -47,10 +86,9 @@ class ColumnParallelLinear(nn.Module):
         self.sequence_parallel, self.tag = sequence_parallel, tag
 
     def forward(self, x):                     # x: (b, t, in) TP, (b, t/n, in) SP
-        if self.sequence_parallel:
-            x = comm.gather_from_sp(x, self.tag)   # (b, t, in); backward: reduce-scatter
-        else:
-            x = comm.copy_to_tp(x, self.tag)       # (b, t, in); backward: all-reduce
+        if self.sequence_parallel:            # all-gather, keep the shard; backward: all-gather
+            return sp_column_linears(x, [self], self.tag)[0]   # again, then reduce-scatter
+        x = comm.copy_to_tp(x, self.tag)      # (b, t, in); backward: all-reduce
         return F.linear(x, self.weight, self.bias)  # (b, t, out/n)
 
 

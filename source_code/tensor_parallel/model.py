@@ -12,10 +12,11 @@ embeddings, the residual stream and the head stay replicated (every rank compute
 
 With ``sequence_parallel=True`` the replicated part is sharded along the sequence instead:
 the embeddings are cut to my t/n tokens (``scatter_to_sp``), each LayerNorm and residual add
-sees t/n tokens, the column layers all-gather their input and the row layers reduce-scatter
-their output; before the head the sequence is gathered again (``gather_to_full``). The
-parameters that saw only t/n tokens (LayerNorms, row biases) are marked ``sp_partial_grad``:
-``sync_sp_grads`` sums their gradients after backward.
+sees t/n tokens, the column layers all-gather their input (keeping only the t/n-token shard
+for backward, which gathers it again) and the row layers reduce-scatter their output; before
+the head the sequence is gathered again (``gather_to_full``). The parameters that saw only
+t/n tokens (LayerNorms, row biases) are marked ``sp_partial_grad``: ``sync_sp_grads`` sums
+their gradients after backward.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from source_code import models
 from source_code.tensor_parallel import comm
-from source_code.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from source_code.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, sp_column_linears
 from source_code.tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
@@ -49,10 +50,14 @@ class TPAttention(nn.Module):
 
     def forward(self, x):
         # one copy_to_tp (or all-gather) for q, k and v together: they read the same x
-        x_in = (comm.gather_from_sp if self.wq.sequence_parallel else comm.copy_to_tp)(x, self.wq.tag)
-        b, t, _ = x_in.shape
-        q, k, v = (F.linear(x_in, w.weight).view(b, t, -1, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))          # (b, heads/n, t, hd)
+        qkv = (self.wq, self.wk, self.wv)
+        if self.wq.sequence_parallel:    # all-gather, keep the (b, t/n, d) shard for backward
+            outs = sp_column_linears(x, qkv, self.wq.tag)
+        else:
+            x_in = comm.copy_to_tp(x, self.wq.tag)
+            outs = [F.linear(x_in, w.weight) for w in qkv]
+        b, t, _ = outs[0].shape                                   # (b, t, d/n) each
+        q, k, v = (o.view(b, t, -1, self.head_dim).transpose(1, 2) for o in outs)  # (b, heads/n, t, hd)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))       # (b, t, d) or (b, t/n, d)
 

@@ -118,7 +118,7 @@ def train(ctx, args) -> dict:
     timer, acc = loop.Timer(), 0.0
     for epoch in range(args.epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed + epoch))
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=ctx.device)   # summed here, read once an epoch
         for b in range(n_batches):
             idx = order[b * args.batch_size:(b + 1) * args.batch_size]   # the same batch on every rank
             x, y = train_x[idx].to(ctx.device), train_y[idx].to(ctx.device)
@@ -130,9 +130,9 @@ def train(ctx, args) -> dict:
             if args.impl == "own":
                 model.sync_sp_grads()               # no-op without sequence parallelism
             opt.step()
-            total += float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
+            total += (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).detach()
         acc = accuracy(model, test_x.to(ctx.device), test_y.to(ctx.device))
-        print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / n_batches:.4f}  held-out token "
+        print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total.item() / n_batches:.4f}  held-out token "
                f"accuracy {acc:.4f}  steps {n_batches}  {timer.seconds:6.1f}s")
     print0(loop.summary_line(ctx.world_size, args.epochs, acc, timer.seconds))
     return {"accuracy": acc}
