@@ -1,9 +1,11 @@
 """Lightning, Accelerate and DeepSpeed against the plain DDP script (source_code/frameworks/).
 
 The same model, seed and SGD for 4 epochs on 2 processes: Lightning (DDP and fully_shard
-through ModelParallelStrategy) and DeepSpeed ZeRO-1/2/3 take the plain script's batches, so
-their weights must equal its weights up to rounding; Accelerate shards the data its own way,
-so it must reach the plain script's held-out accuracy within a tolerance. Every launch exits 0.
+through ModelParallelStrategy), DeepSpeed ZeRO-1/2/3 and Accelerate given the plain script's
+loader (--batches sampler) take the plain script's batches, so their weights must equal its
+weights up to rounding; Accelerate's own sharding gives other batches (test_frameworks_batches.py
+counts how), so it must reach the plain script's held-out accuracy within a tolerance. Every
+launch exits 0.
 """
 import json
 
@@ -36,7 +38,8 @@ def plain(tmp_path_factory):
     ("DeepSpeed", ["--zero-stage", "1"]),
     ("DeepSpeed", ["--zero-stage", "2"]),
     ("DeepSpeed", ["--zero-stage", "3"]),
-], ids=["lightning-ddp", "lightning-fully-shard", "zero-1", "zero-2", "zero-3"])
+    ("Accelerate", ["--batches", "sampler"]),
+], ids=["lightning-ddp", "lightning-fully-shard", "zero-1", "zero-2", "zero-3", "accelerate-plain-batches"])
 def test_same_steps_same_weights_as_plain_ddp(plain, tmp_path, name, args):
     base, base_path = plain
     res = launch(name, tmp_path / "w.pt", *args)

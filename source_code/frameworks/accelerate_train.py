@@ -1,12 +1,18 @@
 """The plain DDP training of source_code/training/ddp.py, written for Hugging Face Accelerate.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.frameworks.accelerate_train
+    torchrun --standalone --nproc-per-node=2 -m source_code.frameworks.accelerate_train --batches sampler
     accelerate launch --config_file source_code/frameworks/accelerate_fsdp2.yaml \\
         -m source_code.frameworks.accelerate_train          # GPUs: FSDP2 from the YAML file
 
 The loop stays the user's; Accelerate moves model and batches to the device, wraps the model
 (DDP, or FSDP2 with the YAML file), shards the data loader, and accelerator.backward(loss)
 applies whatever the wrapping needs (loss scaling, DeepSpeed's backward).
+
+Accelerate shards the loader its own way (batches.py says how): other batches than the plain
+script's DistributedSampler, so other weights. ``--batches sampler`` hands it the plain
+script's per-rank loader instead, left unprepared: then the weights equal the plain script's
+up to rounding, which shows that the batches are the only difference.
 
 The trap: on a machine without GPUs, `Accelerator()` under torchrun gives N processes that each
 train alone as "process 0 of 1", and `accelerate launch --cpu --num_processes 2` starts ONE
@@ -50,17 +56,24 @@ def train(args, job) -> dict:
     check_world(accelerator, args.expect_processes or job.world_size)
     train_set, test_loader = common.datasets(args)
     model, optimizer = loop.build(args, "cpu")  # same seed, same weights as the plain script
-    loader = DataLoader(train_set, batch_size=loop.per_rank_batch(args.batch_size, job.world_size),
-                        shuffle=True, generator=torch.Generator().manual_seed(args.seed))
-    # device placement, DDP/FSDP wrapping, a shard of every epoch's batches per process
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if args.batches == "sampler":  # the plain script's loader, unprepared: exactly its batches
+        loader = common.sharded_loader(train_set, args, job.rank, job.world_size, accelerator.device)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:
+        loader = DataLoader(train_set, batch_size=loop.per_rank_batch(args.batch_size, job.world_size),
+                            shuffle=True, generator=torch.Generator().manual_seed(args.seed))
+        # device placement, DDP/FSDP wrapping, a shard of every epoch's batches per process
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     print0(f"accelerate ({accelerator.distributed_type.value}): {len(train_set)} examples, "
            f"world_size={accelerator.num_processes}, launched by {job.launcher}")
     timer, losses, steps = loop.Timer(), [], 0
     for epoch in range(args.epochs):
         model.train()
         losses = []
-        for x, y in loader:  # already on accelerator.device
+        if args.batches == "sampler":
+            loader.sampler.set_epoch(epoch)
+        for x, y in loader:  # a prepared loader put them on accelerator.device already
+            x, y = x.to(accelerator.device), y.to(accelerator.device)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             accelerator.backward(loss)  # instead of loss.backward()
@@ -85,6 +98,9 @@ def main(argv=None):
     parser = common.parser(__doc__)
     parser.add_argument("--cpu", choices=("auto", "yes", "no"), default="auto",
                         help="Accelerator(cpu=...): auto follows the device policy (no GPU: yes)")
+    parser.add_argument("--batches", choices=("accelerate", "sampler"), default="accelerate",
+                        help="accelerate: a shuffled loader sharded by prepare(); sampler: the plain "
+                             "script's DistributedSampler loader, not prepared (its exact batches)")
     parser.add_argument("--expect-processes", type=positive_int, default=None,
                         help="fail unless Accelerate sees this many processes (default: the "
                              "launcher's WORLD_SIZE)")

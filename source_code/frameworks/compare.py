@@ -5,8 +5,9 @@
 Every script is started the way users start it (torchrun, 2 processes) and its ``summary:``
 line is parsed. ``weights_diff`` compares the weights two runs saved: with the same seed, the
 same batches and SGD, Lightning and DeepSpeed ZeRO repeat the plain script's steps, so the
-difference is rounding only (Accelerate shards the data its own way: same accuracy, other
-batches). ``code_lines`` counts the lines a user writes: no blank lines, comments or docstrings.
+difference is rounding only. Accelerate shards the data its own way (batches.py): other
+batches, other weights, a close accuracy; given the plain script's loader (``--batches
+sampler``) it repeats the plain steps too. ``code_lines`` counts the lines a user writes: no blank lines, comments or docstrings.
 """
 from __future__ import annotations
 
