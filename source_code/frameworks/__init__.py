@@ -10,6 +10,7 @@ Lesson files (notebook 13), in reading order:
 
 Harness, measurements, checks:
 * compare.py    -- runs under torchrun, saved weights compared, lines of code, the table
+* batches.py    -- which examples each process gets: Accelerate's sharding vs DistributedSampler
 * exercises.py  -- notebook 13's exercise (a plain loop made an Accelerate loop) and its check
 
     torchrun --standalone --nproc-per-node=2 -m source_code.frameworks.lightning_train
