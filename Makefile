@@ -6,17 +6,21 @@ NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
 
-.PHONY: run test lab check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks
+.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks
+
+# pip, quiet, with its exit status kept: a failed install stops make with pip's own error
+# (only the harmless notes about find-links folders this machine lacks are left out)
+PIP = sh -c '{ "$$0" install --quiet --disable-pip-version-check "$$@" 2>&1; echo $$? > $(VENV)/.pip-status; } \
+	| grep -v "is ignored: it is neither"; exit $$(cat $(VENV)/.pip-status)' $(BIN)/pip
 
 # TORCH_INDEX: another index for torch/torchvision, e.g. PyTorch's CPU-only wheels on a laptop
 # without a GPU (README, "Setting up"); by default the CUDA build a GPU node needs
 $(BIN)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing torch 2.14.1, torchvision, JupyterLab, Lightning, Accelerate, DeepSpeed into $(VENV):"
-	@echo "  $(if $(TORCH_INDEX),torch from $(TORCH_INDEX),the CUDA build: about 6.3 GB, 2-5 minutes); pip's errors, if any, stop here"
-	$(if $(TORCH_INDEX),$(BIN)/pip install --quiet --disable-pip-version-check --index-url $(TORCH_INDEX) \
-		$$(grep -E '^torch(vision)?==' requirements.txt))
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -e .
+	@echo "  $(if $(TORCH_INDEX),torch from $(TORCH_INDEX),the CUDA build: about 6.3 GB, about 5 minutes); pip's errors, if any, stop here"
+	$(if $(TORCH_INDEX),$(PIP) --index-url $(TORCH_INDEX) $$(grep -E '^torch(vision)?==' requirements.txt))
+	$(PIP) -r requirements.txt -e .
 	$(BIN)/python -c "import torch, torchvision, source_code; print('environment ready: torch', torch.__version__)"
 	touch $@
 
@@ -57,6 +61,18 @@ restore-notebooks:
 		keep=my-notebooks/saved-$$(date +%Y%m%d-%H%M%S); mkdir -p $$keep && cp $$changed $$keep/ && \
 		git checkout -- notebooks && echo "restored notebooks/; your edited versions are in $$keep/"; \
 	else echo "notebooks/ is as it came: nothing to restore"; fi
+
+## the entry points under another torch, in a side environment .venv-torch$(TORCH) (e.g. TORCH=2.6.0):
+## one row each, ok / refused / FAIL / hangs (the README's support table); torchvision to match
+torch-check:
+	@test -n "$(TORCH)" || { echo "error: say which torch, e.g. make torch-check TORCH=2.6.0"; exit 2; }
+	test -x .venv-torch$(TORCH)/bin/python || $(PY) -m venv .venv-torch$(TORCH)
+	$(MAKE) --no-print-directory PIP_VENV=.venv-torch$(TORCH) BIN=.venv-torch$(TORCH)/bin VENV=.venv-torch$(TORCH) \
+		side-install SIDE_PKGS="torch==$(TORCH) torchvision==0.$$(( $$(echo $(TORCH) | cut -d. -f2) + 15 )).* numpy scikit-learn matplotlib $(SIDE_EXTRA)"
+	PATH=$(CURDIR)/.venv-torch$(TORCH)/bin:$$PATH PYTHONPATH=$(CURDIR) .venv-torch$(TORCH)/bin/python -m source_code.torch_support $(ARGS)
+
+side-install:
+	$(PIP) $(SIDE_PKGS)
 
 clean-venv:
 	rm -rf $(VENV)

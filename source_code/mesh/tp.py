@@ -19,6 +19,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from source_code import torch_versions
 from source_code.models import TransformerLM
 
 try:  # public from torch 2.6 on
@@ -50,6 +51,7 @@ def apply_tp(model: TransformerLM, tp_mesh) -> TransformerLM:
 
 def apply_fsdp(model: nn.Module, dp_mesh, blocks=None) -> nn.Module:
     """FSDP2 on the 1-D ``dp_mesh``: one group per block, then the root."""
+    torch_versions.require("fsdp2", dp_mesh.device_type)  # one line on an older torch, not a crash
     for block in (model.layers if blocks is None else blocks):
         fully_shard(block, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)

@@ -1,0 +1,72 @@
+"""What needs which torch: one place, and a one-line refusal at start instead of a hang.
+
+    python -m source_code.torch_versions          # what this torch can and cannot run here
+
+The clusters' modules ship torch 2.6-2.11; the workshop pins 2.14.1. Each row of ``NEEDS``
+was found by running the entry points under those versions (``make torch-check TORCH=...``,
+source_code/torch_support.py) and names the first version where the feature works. Some
+limits hold on the CPU with gloo only (``cpu_only``): on GPUs with NCCL the same torch works.
+A script calls ``require(feature, device)`` before any work; an older torch stops it with one
+line naming the version it needs and why (exit status 2, as every launch error here).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from source_code.errors import LaunchError
+
+
+@dataclass(frozen=True)
+class Need:
+    version: tuple[int, int]
+    cpu_only: bool
+    what: str
+    why: str
+
+
+NEEDS = {
+    "fsdp2": Need((2, 7), True, "FSDP2 (fully_shard) on the CPU",
+                  "torch 2.6's FSDP2 records stream events that its CPU stream does not have"),
+    "pipelining": Need((2, 7), True, "torch.distributed.pipelining's 1F1B and interleaved schedules on gloo",
+                       "torch 2.6's schedules wait on one operation of a batched send/recv, which "
+                       "gloo never completes: the step hangs"),
+}
+
+
+def version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def supported(feature: str, device="cpu") -> bool:
+    need = NEEDS[feature]
+    on_cpu = torch.device(device).type == "cpu"
+    return version() >= need.version or (need.cpu_only and not on_cpu)
+
+
+def refusal(feature: str) -> str:
+    need = NEEDS[feature]
+    where = " (GPUs with NCCL run it on this torch)" if need.cpu_only else ""
+    return (f"error: {need.what} needs torch {need.version[0]}.{need.version[1]} or newer, this is "
+            f"{torch.__version__}{where}: {need.why}; load a newer PyTorch module or use the workshop's "
+            "environment (make venv)")
+
+
+def require(feature: str, device="cpu") -> None:
+    """Stop with one line (LaunchError, exit 2) where this torch cannot run ``feature`` here."""
+    if not supported(feature, device):
+        raise LaunchError(refusal(feature))
+
+
+def main() -> int:
+    print(f"torch {torch.__version__}")
+    for feature, need in NEEDS.items():
+        ok = supported(feature, "cpu")
+        print(f"{feature:<12} {'ok' if ok else 'needs ' + '.'.join(map(str, need.version))}  {need.what}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

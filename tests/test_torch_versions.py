@@ -1,0 +1,33 @@
+"""The torch each feature needs (torch_versions) and the support-table runner (torch_support)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from source_code import torch_support, torch_versions
+from source_code.errors import LaunchError
+
+
+@pytest.mark.parametrize("feature", sorted(torch_versions.NEEDS))
+def test_an_older_torch_is_refused_in_one_line_on_the_cpu_only(feature, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    with pytest.raises(LaunchError) as err:
+        torch_versions.require(feature, "cpu")
+    msg = err.value.message
+    assert msg.startswith("error: ") and "\n" not in msg and "needs torch 2.7 or newer" in msg
+    assert "GPUs with NCCL run it" in msg  # both limits are gloo/CPU ones
+    torch_versions.require(feature, torch.device("cuda", 0))  # a GPU run goes ahead
+    monkeypatch.setattr(torch, "__version__", "2.7.1+cpu")
+    torch_versions.require(feature, "cpu")
+
+
+def test_the_pinned_torch_supports_everything():
+    assert all(torch_versions.supported(f, "cpu") for f in torch_versions.NEEDS)
+
+
+def test_the_runner_tells_refusals_from_failures(tmp_path: Path):
+    # a script started without its launcher refuses in one line (exit 2): "refused", not "FAIL"
+    verdict, detail = torch_support.run_one("python", 1, "source_code.training.ddp", "", tmp_path, 60)
+    assert verdict == "refused" and detail.startswith("error: no launcher found")
+    verdict, detail = torch_support.run_one("python", 1, "source_code.no_such_module", "", tmp_path, 60)
+    assert verdict == "FAIL" and "No module named" in detail
