@@ -1,36 +1,64 @@
-"""The measured pipeline bubble follows (p - 1) / (m + p - 1) for p = 2, m = 1, 2, 4, 8.
+"""The measured pipeline bubble follows (p - 1) / (m + p - 1) for p = 2, m = 1, 2, 4, 8 when the
+stages are held equal, and does not when one stage is slower (the simulator does).
 
-Checked: every measured bubble lies within 0.08 of the formula (the formula's steps between
-these m are 0.17, 0.13 and 0.09, so a wrong schedule or a wrong idle count fails), the bubble
-shrinks as m grows, every operation was held to its fixed duration, and the simulator's
-prediction with the measured message and gap costs lies at or above the formula (they only add
-idle time). Half the default layers keep the test short; the goal E <= 0.10 holds on quiet
-cores at the defaults (on a busy 2-core machine, a message that lands while the other stage
-computes costs CPU time), so here E is only bounded loosely: E < 0.5 (a busy machine gave
-0.36 once).
+Checked on the JSON the module writes: every held bubble lies within 0.08 of the formula (the
+formula's steps between these m are 0.17, 0.13 and 0.09, so a wrong schedule or a wrong idle
+count fails) and shrinks as m grows; every held operation lasted its fixed duration and the
+hold is the same on both stages; the simulator's prediction with the measured message and
+gap costs lies at or above the formula (they only add idle time). In the slow run stage 1
+holds 1.5 x as long: its bubble lies above the formula and within 0.05 of the simulator's
+with the run's per-stage costs. The raw run (no hold) is notebook 09's; here two runs at
+fewer layers keep the test short. The goal E <= 0.10 holds on quiet cores at the defaults,
+so here E is only bounded loosely: E < 0.5 (a busy machine gave 0.36 once).
 """
-import re
+import json
+import statistics
 
 import pytest
 
+from source_code.pipeline import bubble
 from source_code.pipeline.formulas import bubble_theory
 
 
 @pytest.mark.parity
 @pytest.mark.slow
-def test_bubble_follows_the_formula_p2(torchrun):
-    out = torchrun("source_code.pipeline.bubble", "--layers", "128", nproc=2).stdout
-    rows = re.findall(r"^(gpipe|1f1b)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out, re.M)
-    assert len(rows) == 8, out  # 2 schedules x m = 1, 2, 4, 8
-    measured = {(name, int(m)): float(meas) for name, m, _, meas, _, _ in rows}
-    simulated = {(name, int(m)): float(sim) for name, m, _, _, _, sim in rows}
-    for (name, m), value in measured.items():
-        assert abs(value - bubble_theory(2, m)) <= 0.08, (name, m, value, out)
-        assert simulated[(name, m)] >= bubble_theory(2, m) - 1e-3, (name, m, out)
+def test_bubble_held_and_slow_stage_p2(torchrun, tmp_path):
+    out = tmp_path / "bubble.json"
+    run = torchrun("source_code.pipeline.bubble", "--layers", "64", "--runs", "held,slow",
+                   "--out", out, nproc=2)
+    rep = json.loads(out.read_text())
+    assert rep["p"] == 2 and list(rep["runs"]) == ["held", "slow"], run.stdout
+    held, slow = rep["runs"]["held"], rep["runs"]["slow"]
+    assert held["holds"][0] == held["holds"][1] == rep["hold"]
+    assert 0 < rep["hold"]["F"] < rep["hold"]["B"]       # a backward costs more than a forward
+    assert slow["holds"][1]["B"] == pytest.approx(1.5 * rep["hold"]["B"]) and slow["holds"][0] == rep["hold"]
     for name in ("gpipe", "1f1b"):
-        series = [measured[(name, m)] for m in (1, 2, 4, 8)]
-        assert series == sorted(series, reverse=True), (name, series, out)
-    hold = re.search(r"^hold: every F lasts (\S+) ms, every B (\S+) ms", out, re.M)
-    assert hold and 0 < float(hold[1]) < float(hold[2]), out  # a backward costs more than a forward
-    E = float(re.search(r"^bubble_max_rel_error=(\S+)", out, re.M)[1])
-    assert E < 0.5, out
+        med = {int(m): statistics.median(v["bubbles"]) for m, v in held["result"][name].items()}
+        assert sorted(med) == [1, 2, 4, 8]
+        for m, value in med.items():
+            assert abs(value - bubble_theory(2, m)) <= 0.08, (name, m, value, run.stdout)
+            assert held["sim"][name][str(m)] >= bubble_theory(2, m) - 1e-3, (name, m)
+        assert [med[m] for m in (1, 2, 4, 8)] == sorted(med.values(), reverse=True), (name, med)
+        for m in (2, 4, 8):
+            value = statistics.median(slow["result"][name][str(m)]["bubbles"])
+            assert value > bubble_theory(2, m) + 0.02, (name, m, value)
+            assert abs(value - slow["sim"][name][str(m)]) < 0.05, (name, m, value, slow["sim"][name])
+    assert held["max_rel_error"] < 0.5, run.stdout
+    assert run.stdout.strip().splitlines()[-1] == f"bubble_max_rel_error={held['max_rel_error']:.4f}"
+
+
+def test_run_holds():
+    hold = {"F": 0.01, "B": 0.02}
+    got = bubble.run_holds(["raw", "held", "slow"], hold, 3, slow_stage=1, slow_factor=1.5)
+    assert got["raw"] == [None] * 3 and got["held"] == [hold] * 3
+    assert got["slow"][0] == got["slow"][2] == hold and got["slow"][1] == {"F": 0.015, "B": 0.03}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runs", "held,fast"], "--runs"), (["--runs", "raw,raw"], "--runs"),
+    (["--hold", "0"], "--runs raw"), (["--slow-factor", "0"], "--slow-factor"),
+])
+def test_bad_flags_are_refused(args, message):
+    from source_code.distributed import LaunchError
+    with pytest.raises(LaunchError, match=message):
+        bubble.main(args)

@@ -1,8 +1,8 @@
-"""The pipeline bubble measured against (p - 1) / (m + p - 1).
+"""The pipeline bubble measured against (p - 1) / (m + p - 1): raw, held, and with a slow stage.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble
     torchrun --standalone --nproc-per-node=4 -m source_code.pipeline.bubble   # oversubscribed on 2 cores
-    torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --hold 0   # ops as computed
+    torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --runs raw   # ops as computed
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --out bubble.json
 
 p = the number of processes, one stage each. The model is an MLP stack with the same work on
@@ -15,30 +15,39 @@ so that a message still in flight counts as idle), and
     bubble = idle time / (p x step time)
 
 where the step runs from the first operation's start to the last one's end, over all
-stages, and a stage is busy only while it computes (waiting for a message is idle). Each
-step gives one value; the table shows the median over the steps. Last line:
+stages; an operation is busy from its start to its end (with a hold: until the hold is over),
+waiting for a message is idle. Each step gives one value; the table shows the median over the
+steps. Three runs (--runs), taking turns at each m in one launch:
 
-    bubble_max_rel_error=E     (largest |measured - theory| / theory over m and schedules)
+* ``raw``: every operation as computed;
+* ``held``: every F and B held to a fixed duration (``--hold``: 1.25 x the slowest stage's
+  median in a calibration step, GPipe at the largest m, where operations are slowest): the
+  stage computes, then holds until the time is up, like a device of fixed speed
+  (``schedules.run_step``'s ``hold``). The hold counts as busy: the controlled experiment;
+* ``slow``: held, but stage --slow-stage holds --slow-factor x as long (a slower device, or a
+  stage with more layers): the formula assumes equal stages and does not predict this one.
 
-At m = 8 the formula says 0.111, so E <= 0.10 leaves 0.011: about 10 ms of a 900 ms step.
-What used up that margin on 2 CPU cores (measured with per-operation timelines):
+Last lines, then: ``bubble_max_rel_error_RUN=E`` per run and ``bubble_max_rel_error=E`` (of
+the held run; of the first run without it), E the largest |measured - theory| / theory over m
+and schedules. With --out every measurement goes to a JSON file.
+
+At m = 8 the formula says 0.111, so E <= 0.10 leaves 0.011: about 10 ms of a 900 ms step
+(256 layers). What used up that margin on 2 CPU cores (measured with per-operation timelines):
 
 * unequal stages: the formula assumes every stage takes the same time. Two identical
   processes on the two cores differ by 0.3-6 % from second to second, and a stage 2 % slower
-  over a step makes the other wait for it: + 0.01 at m = 8 (E = 0.1) on its own. So every F
-  and B is held to a fixed duration (``--hold``: 1.25 x the slowest stage's median in a
-  calibration step, GPipe at the largest m, where operations are slowest): the stage
-  computes, then holds until the time is up, like a device of fixed speed
-  (``schedules.run_step``'s ``hold``);
+  over a step makes the other wait for it: + 0.01 at m = 8 (E = 0.1) on its own. The held run
+  removes this; the raw run keeps it;
 * page faults: glibc gives the heap back to the OS when a step frees its activations, and
   GPipe's m-th forward pays for its memory again (F7: 40-45 ms instead of 34 at m = 8 with
   128 layers): ``keep_freed_memory``;
 * what the formula leaves out: a message takes ~0.4 ms from one stage's end to the next
   one's start, and a stage spends ~0.3 ms between two operations posting its messages.
-  Column ``sim`` is the simulator's bubble with these measured costs; it stays above the
-  formula by 0.003 at m = 8 with 256 layers (0.006 with 128: longer operations dilute it).
+  Column ``sim`` is the simulator's bubble with these measured costs and each stage's own
+  median F and B; it stays above the formula by 0.003 at m = 8 with 256 layers (0.006 with
+  128: shorter operations dilute it less).
 
-With --hold 0 the same run gave E = 0.14 (stages 1-2 % apart at m = 8), with the hold 0.03-0.04.
+With 256 layers the raw run gave E = 0.14 (stages 1-2 % apart at m = 8), the held one 0.03-0.04.
 With more processes than cores (p = 4 on 2 cores) stages take turns on a core: the numbers
 are noisier and larger than the formula (E = 0.08 and 0.04 in two runs; the holds sleep, so
 two stages share a core, but dozens of operations run past their hold).
@@ -114,17 +123,34 @@ def predicted(name: str, p: int, m: int, fwd, bwd, comm: float, gap: float) -> f
     return simulator.bubble_fraction(simulator.simulate(simulator.orders(name, p, m), fwd, bwd, comm, gap))
 
 
-def measure(ms, steps: int, work: harness.Workload, warmup: int = 1, hold=None) -> dict:
-    """On every rank: {schedule: {m: {"bubbles": [...], "step_s": [...], "timeline": records}}}."""
-    out = {name: {} for name in SCHEDULES}
+RUNS = ("raw", "held", "slow")
+
+
+def run_holds(runs, hold: dict | None, p: int, slow_stage: int, slow_factor: float) -> dict:
+    """{run: [stage s's hold {"F": s, "B": s} or None, for s in range(p)]}."""
+    out = {}
+    for run in runs:
+        if run == "raw":
+            out[run] = [None] * p
+        else:
+            f = [slow_factor if run == "slow" and s == slow_stage else 1.0 for s in range(p)]
+            out[run] = [{k: f[s] * v for k, v in hold.items()} for s in range(p)]
+    return out
+
+
+def measure(ms, steps: int, work: harness.Workload, holds: dict, rank: int, warmup: int = 1) -> dict:
+    """On every rank: {run: {schedule: {m: {"bubbles": [...], "step_s": [...], "timeline": records}}}};
+    at each m the runs take turns (a noisy neighbour slows them alike)."""
+    out = {run: {name: {} for name in SCHEDULES} for run in holds}
     for m in ms:
-        res = harness.timed_steps(SCHEDULES, m, steps, work, warmup=warmup, hold=hold)
-        for name in SCHEDULES:
-            steps_records = [harness.gather_records(r) for r in res[name]["records"]]
-            bubbles = [simulator.bubble_fraction(r) for r in steps_records]
-            median_step = sorted(range(len(bubbles)), key=bubbles.__getitem__)[len(bubbles) // 2]
-            out[name][m] = {"bubbles": bubbles, "step_s": res[name]["step_s"],
-                            "timeline": steps_records[median_step], "all": steps_records}
+        for run, per_stage in holds.items():
+            res = harness.timed_steps(SCHEDULES, m, steps, work, warmup=warmup, hold=per_stage[rank])
+            for name in SCHEDULES:
+                steps_records = [harness.gather_records(r) for r in res[name]["records"]]
+                bubbles = [simulator.bubble_fraction(r) for r in steps_records]
+                median_step = sorted(range(len(bubbles)), key=bubbles.__getitem__)[len(bubbles) // 2]
+                out[run][name][m] = {"bubbles": bubbles, "step_s": res[name]["step_s"],
+                                     "timeline": steps_records[median_step], "all": steps_records}
     return out
 
 
@@ -137,18 +163,23 @@ def costs(result: dict, p: int) -> dict:
     return {"F": med["F"], "B": med["B"], "comm": comm, "gap": gap}
 
 
-def table(result: dict, p: int, cost: dict) -> tuple[list[str], float]:
-    lines = [f"{'schedule':<9}{'m':>3}{'theory':>9}{'measured':>10}{'rel.err':>9}{'sim':>8}{'step ms':>9}"]
-    worst = 0.0
+def table(result: dict, p: int, cost: dict, run: str = "") -> tuple[list[str], float, dict]:
+    """Rows (run, schedule, m, theory, measured, rel.err, sim, step ms), the largest relative
+    error, and {schedule: {m: the simulator's bubble}}."""
+    lines, worst, sims = [], 0.0, {}
     for name, per_m in result.items():
         for m, r in per_m.items():
             theory, meas = bubble_theory(p, m), statistics.median(r["bubbles"])
             err = relative_error(meas, theory)
             worst = max(worst, err)
-            sim = predicted(name, p, m, cost["F"], cost["B"], cost["comm"], cost["gap"])
-            lines.append(f"{name:<9}{m:>3}{theory:>9.3f}{meas:>10.3f}{err:>9.3f}{sim:>8.3f}"
+            sim = sims.setdefault(name, {})[m] = predicted(name, p, m, cost["F"], cost["B"],
+                                                           cost["comm"], cost["gap"])
+            lines.append(f"{run:<6}{name:<9}{m:>3}{theory:>9.3f}{meas:>10.3f}{err:>9.3f}{sim:>8.3f}"
                          f"{1e3 * statistics.median(r['step_s']):>9.1f}")
-    return lines, worst
+    return lines, worst, sims
+
+
+HEADER = f"{'run':<6}{'schedule':<9}{'m':>3}{'theory':>9}{'measured':>10}{'rel.err':>9}{'sim':>8}{'step ms':>9}"
 
 
 def main(argv=None):
@@ -156,10 +187,13 @@ def main(argv=None):
     ap.add_argument("--microbatches", default="1,2,4,8", help="comma-separated values of m")
     ap.add_argument("--steps", type=positive_int, default=3, help="measured steps per schedule and m")
     ap.add_argument("--width", type=positive_int, default=256, help="MLP width (work per layer ~ width^2)")
-    ap.add_argument("--layers", type=positive_int, default=256, help="MLP layers in total (divided among the stages)")
+    ap.add_argument("--layers", type=positive_int, default=128, help="MLP layers in total (divided among the stages)")
     ap.add_argument("--rows", type=positive_int, default=256, help="rows per microbatch")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
     ap.add_argument("--hold", type=float, default=1.25,
-                    help="every F (B) lasts this x the slowest stage's median F (B); 0: as computed")
+                    help="held runs: every F (B) lasts this x the slowest stage's median F (B)")
+    ap.add_argument("--slow-stage", type=int, default=1, help="the slow run's slow stage")
+    ap.add_argument("--slow-factor", type=float, default=1.5, help="its operations last this x the hold")
     ap.add_argument("--out", type=writable_path, default="", help="write every measurement as JSON here (rank 0)")
     args = ap.parse_args(argv)
     try:
@@ -169,13 +203,22 @@ def main(argv=None):
                           "use e.g. --microbatches 1,2,4,8") from None
     if min(ms) < 1:
         raise LaunchError(f"error: --microbatches {args.microbatches}: every m must be >= 1")
-    if args.hold != 0 and not args.hold >= 1:
-        raise LaunchError(f"error: --hold {args.hold}: use 0 (no hold) or a factor >= 1, e.g. --hold 1.25")
+    runs = [r for r in args.runs.split(",") if r]
+    if not runs or set(runs) - set(RUNS) or len(set(runs)) != len(runs):
+        raise LaunchError(f"error: --runs {args.runs!r}: give each of {', '.join(RUNS)} at most once, "
+                          "e.g. --runs raw,held")
+    if not args.hold >= 1:
+        raise LaunchError(f"error: --hold {args.hold}: use a factor >= 1, e.g. --hold 1.25 "
+                          "(--runs raw measures without a hold)")
+    if not args.slow_factor > 0:
+        raise LaunchError(f"error: --slow-factor {args.slow_factor} must be > 0, e.g. 1.5")
     found = ranks_from_env()
     world = found[2] if found else 1
     if args.layers < world:
         raise LaunchError(f"error: --layers {args.layers} cannot fill {world} stages; use "
                           f"--layers {world} or more (one layer per stage at least)")
+    if "slow" in runs and not 0 <= args.slow_stage < world:
+        raise LaunchError(f"error: --slow-stage {args.slow_stage}: the stages are 0..{world - 1}")
     torch.set_num_threads(1)  # one core per stage: the processes are the parallelism
     kept = keep_freed_memory()
     work = harness.Workload(kind="mlp", layers=args.layers, dim=args.width, microbatch=args.rows)
@@ -183,26 +226,46 @@ def main(argv=None):
         if ctx.world_size < 2:
             raise LaunchError(f"error: a pipeline needs at least 2 processes; run: {LAUNCH}")
         p = ctx.world_size
-        hold = calibrate(work, args.hold, ctx.device, max(ms))
-        result = measure(ms, args.steps, work, hold=hold)
-        cost = costs(result, p)
-        lines, worst = table(result, p, cost)
+        hold = calibrate(work, args.hold, ctx.device, max(ms)) if set(runs) - {"raw"} else None
+        holds = run_holds(runs, hold, p, args.slow_stage, args.slow_factor)
+        result = measure(ms, args.steps, work, holds, ctx.rank)
         print0(f"bubble: p={p} stages, MLP width {args.width}, {args.layers} layers, "
-               f"{args.rows} rows per microbatch, median of {args.steps} steps"
+               f"{args.rows} rows per microbatch, median of {args.steps} steps; runs: {', '.join(runs)}"
                f"{'' if kept else ' (freed memory returned to the OS: glibc not found)'}")
         if hold:
-            over = sum(r["end"] - r["start"] > hold[r["kind"]] + 1e-3 for per_m in result.values()
-                       for v in per_m.values() for r in v["timeline"])
             print0(f"hold: every F lasts {1e3 * hold['F']:.1f} ms, every B {1e3 * hold['B']:.1f} ms "
-                   f"({args.hold} x the slowest stage's median); median-step operations past their "
-                   f"hold by > 1 ms: {over}")
+                   f"({args.hold} x the slowest stage's median); the hold counts as busy")
+        if "slow" in runs:
+            print0(f"slow: stage {args.slow_stage} holds {args.slow_factor} x as long "
+                   f"(F {1e3 * holds['slow'][args.slow_stage]['F']:.1f} ms, "
+                   f"B {1e3 * holds['slow'][args.slow_stage]['B']:.1f} ms)")
+        report = {"p": p, "hold": hold, "hold_factor": args.hold,
+                  "slow": {"stage": args.slow_stage, "factor": args.slow_factor}, "runs": {}}
+        lines = [HEADER]
+        for run in runs:
+            cost = costs(result[run], p)
+            rows, worst, sims = table(result[run], p, cost, run)
+            lines += rows
+            per = holds[run]
+            over = 0 if per[0] is None else sum(
+                r["end"] - r["start"] > per[r["stage"]][r["kind"]] + 1e-3
+                for per_m in result[run].values() for v in per_m.values() for r in v["timeline"])
+            report["runs"][run] = {"holds": holds[run], "result": result[run], "cost": cost,
+                                   "sim": sims, "max_rel_error": worst, "past_hold": over}
         print0("\n".join(lines))
-        print0(f"sim: the simulator with per-stage F {_ms(cost['F'])} ms, B {_ms(cost['B'])} ms, a message "
-               f"{1e3 * cost['comm']:.2f} ms, {1e3 * cost['gap']:.2f} ms between a stage's operations")
+        for run, r in report["runs"].items():
+            c = r["cost"]
+            print0(f"sim ({run}): the simulator with per-stage F {_ms(c['F'])} ms, B {_ms(c['B'])} ms, a "
+                   f"message {1e3 * c['comm']:.2f} ms, {1e3 * c['gap']:.2f} ms between a stage's operations"
+                   + (f"; median-step operations past their hold by > 1 ms: {r['past_hold']}"
+                      if r["holds"][0] else ""))
         if args.out and ctx.is_main:
             with open(args.out, "w") as f:
-                json.dump({"p": p, "result": result, "hold": hold, "cost": cost}, f)
-        print0(f"bubble_max_rel_error={worst:.4f}")
+                json.dump(report, f)
+        for run, r in report["runs"].items():
+            print0(f"bubble_max_rel_error_{run}={r['max_rel_error']:.4f}")
+        main_run = "held" if "held" in runs else runs[0]
+        print0(f"bubble_max_rel_error={report['runs'][main_run]['max_rel_error']:.4f}")
     return 0
 
 
