@@ -62,3 +62,29 @@ def test_bad_flags_are_refused(args, message):
     from source_code.distributed import LaunchError
     with pytest.raises(LaunchError, match=message):
         bubble.main(args)
+
+
+def test_table_on_simulated_timelines():
+    """bubble.costs and bubble.table on timelines the simulator made: equal stages give the
+    formula, a stage 1.5 x slower gives the simulator's bubble, above the formula."""
+    from source_code.pipeline import simulator as sim
+
+    def result(fwd, bwd):
+        out = {}
+        for name in bubble.SCHEDULES:
+            for m in (1, 2, 4, 8):
+                tl = [vars(op) | {} for op in sim.simulate(sim.orders(name, 2, m), fwd, bwd)]
+                out.setdefault(name, {})[m] = {"bubbles": [sim.bubble_fraction(tl)], "step_s": [1.0],
+                                               "timeline": tl, "all": [tl]}
+        return out
+    equal = result(0.01, 0.02)
+    cost = bubble.costs(equal, 2)
+    assert cost["F"] == [0.01, 0.01] and cost["comm"] == pytest.approx(0) and cost["gap"] == pytest.approx(0)
+    lines, worst, sims = bubble.table(equal, 2, cost, "held")
+    assert worst == pytest.approx(0, abs=1e-9) and len(lines) == 8 and lines[0].startswith("held  gpipe")
+    slow = result([0.01, 0.015], [0.02, 0.03])
+    lines, worst, sims = bubble.table(slow, 2, bubble.costs(slow, 2), "slow")
+    for name in bubble.SCHEDULES:
+        for m in (2, 4, 8):
+            assert sims[name][m] == pytest.approx(statistics.median(slow[name][m]["bubbles"]))
+            assert sims[name][m] > bubble_theory(2, m) + 0.03

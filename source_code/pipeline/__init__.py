@@ -14,7 +14,8 @@ Lesson files (notebook 09), in reading order:
 
 Harness, measurements, checks:
 * harness.py   -- parity with the unsplit model, timed steps (run on every rank)
-* bubble.py    -- the bubble measured for m = 1, 2, 4, 8 against the formula
+* bubble.py    -- the bubble measured for m = 1, 2, 4, 8 against the formula: raw, held
+                  (every operation a fixed duration) and with one stage slower
 * compare.py   -- own GPipe/1F1B vs the library's schedules, step times in one run
 * figures.py   -- Gantt charts and plots from measured timestamps
 * exercises.py -- check functions of notebook 09's exercise
