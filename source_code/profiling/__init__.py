@@ -7,17 +7,20 @@ Lesson files (notebook 12), in reading order:
 * throughput.py      -- samples/s with the time waiting for data measured apart
 * scaling.py         -- strong and weak scaling efficiency over 1, 2, ... processes
 * workload.py        -- a dataset whose loading costs CPU time on purpose
-* mfu.py             -- model FLOPs per step of the TransformerLM and MFU against a measured peak
+* slow_run.py        -- a slow training run with three suspects: the exercise's profile
+* mfu.py             -- model and attention FLOPs per step of the TransformerLM; MFU against a
+                        datasheet peak (where one exists) and a measured one
 * monitor.py         -- nvidia-smi / rocm-smi utilisation; rank 0's progress (a bar only on a terminal)
 * hang.py            -- a rank skips an all-reduce: short timeout, DEBUG=DETAIL, flight recorder
 * flight_recorder.py -- dump the recorder and find the first collective where the ranks differ
 
-Harness: figures.py (figures of the notebook), exercises.py (check of the exercise; its
-reference solution and the broken version are in source_code/solutions/nb12_profiling.py).
+Harness: figures.py (figures of the notebook), exercises.py (check of the exercise: the slow
+run's bottleneck and its fix; reference solution in source_code/solutions/nb12_bottleneck.py).
 
     torchrun --standalone --nproc-per-node=2 -m source_code.profiling.profile_ddp --trace-dir traces
     python -m source_code.profiling.scaling --procs 1,2
     torchrun --standalone --nproc-per-node=1 -m source_code.profiling.throughput --decode-rounds 3 --workers 2
     python -m source_code.profiling.mfu
+    python -m source_code.profiling.slow_run
     torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang --timeout 5
 """

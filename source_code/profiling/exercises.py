@@ -1,87 +1,72 @@
-"""Check function of notebook 12's exercise: find and fix a hang (solution: solutions/nb12_profiling.py).
+"""Check function of notebook 12's exercise: find the bottleneck of a slow run from its profile
+(reference solution: source_code/solutions/nb12_bottleneck.py).
 
-    from source_code.profiling.exercises import check_global_mean
-    check_global_mean(global_mean_loss)     # 2 processes, a 5-second collective timeout
+    from source_code.profiling import slow_run
+    from source_code.profiling.exercises import check_diagnosis
+    profile = slow_run.run(steps=4, warmup=2, profile_steps=True)   # what the learner reads
+    check_diagnosis("...", {...}, profile)              # one of SUSPECTS, and a fix
 
-``global_mean_loss(loss_sum, count)`` is called on every rank with that rank's summed loss and
-its number of samples, and must return the mean loss over ALL ranks' samples, on every rank.
-The function travels to the processes as source text (a function defined in a notebook cell
-cannot be pickled), so it must be self-contained: it may use ``torch`` and ``dist``.
-The check runs on the CPU with gloo on every machine (``spawn(..., device="cpu")``), as the
-hang drill does (``hang.py``'s docstring says why): a collective that a rank skips then raises
-after the timeout on every rank, where NCCL's watchdog would abort the process.
+The answer names one of SUSPECTS and a fix: keyword arguments of ``slow_run.run`` from
+``slow_run.SETTINGS`` (how the work runs, never how much). The check reads the diagnosis
+against the profile it is given, then runs the slow run and the fixed one: a fix must take
+the suspect's work off the training process (its CPU time per step, which other programs on
+the machine do not change) by at least MIN_GAIN; the wall time per step of both is reported.
 """
 from __future__ import annotations
 
-import io
-import sys
-import inspect
-import textwrap
+from source_code.profiling import slow_run
 
-import torch
-
-from source_code.processes import ProcessesFailed, spawn
-
-# (loss_sum, count) of rank 0 and rank 1 at each step; rank 1 has no samples at step 1
-CASES = [((12.0, 4), (3.0, 2)), ((5.0, 5), (0.0, 0)), ((2.0, 1), (8.0, 2))]
-TIMEOUT_S = 5.0
+SUSPECTS = ("computation", "data loading", "host sync")
+RIGHT = "data loading"
+MIN_GAIN = 1.5  # the training process's CPU time per step, slow / fixed
 
 
-def expected() -> list[float]:
-    return [(a[0] + b[0]) / (a[1] + b[1]) for a, b in CASES]
+def _row(profile: dict, prefix: str) -> dict:
+    """The profile's first row whose name starts with ``prefix`` (zeros if there is none)."""
+    return next((r for r in profile["rows"] if r["name"].startswith(prefix)),
+                {"name": prefix, "calls": 0, "time_ms": 0.0, "self_ms": 0.0, "total_ms": 0.0})
 
 
-def _run_on_rank(source: str, name: str) -> list:
-    """Runs on each spawned rank: the learner's function at every step of CASES."""
-    import torch.distributed as dist
-    namespace = {"torch": torch, "dist": dist}
-    exec(source, namespace)
-    fn, rank, out = namespace[name], dist.get_rank(), []
-    for step, per_rank in enumerate(CASES):
-        loss_sum, count = per_rank[rank]
-        try:
-            out.append(float(fn(loss_sum, count)))
-        except Exception as exc:
-            timed_out = "Timed out" in str(exc) or "timeout" in str(exc).lower()
-            raise RuntimeError(f"{'TIMEOUT' if timed_out else 'ERROR'} at step {step} on rank {rank} "
-                               f"(count {count}): {str(exc).splitlines()[0][:300]}") from None
-    # This rank is through. If the other one timed out, the barrier of the harness's clean-up
-    # fails here too ("Connection closed by peer"); the other rank's report says why, so that
-    # second traceback would only repeat it: keep it off the learner's screen.
-    sys.stderr = io.StringIO()
-    return out
+def evidence(profile: dict) -> dict:
+    """What the profile says, per step: the step, the DataLoader's span, .item(), the convolutions."""
+    return {"step_ms": _row(profile, "ProfilerStep")["total_ms"],
+            "loader_ms": _row(profile, "enumerate(DataLoader)")["total_ms"],
+            "item_ms": _row(profile, "aten::item")["total_ms"],
+            "conv_calls": _row(profile, "aten::mkldnn_convolution")["calls"]}
 
 
-def check_global_mean(fn, timeout_s: float = TIMEOUT_S) -> str:
-    """Run ``fn`` on 2 processes for the steps of CASES; raise AssertionError with a hint if it
-    hangs (caught by the timeout) or returns a wrong mean."""
-    try:
-        fn(1.0, 1)  # outside any process group: a finished function fails on its collective
-    except NotImplementedError:
-        raise NotImplementedError("exercise not done yet: fix the function, then run this cell again") from None
-    except Exception:
-        pass
-    source = textwrap.dedent(inspect.getsource(fn))
-    try:
-        # the process group's timeout is minutes by default: seconds here
-        got = spawn(_run_on_rank, 2, source, fn.__name__, device="cpu", timeout=60,
-                    collective_timeout_s=timeout_s)
-    except ProcessesFailed as err:
-        text = str(err)
-        if "TIMEOUT" in text:
-            raise AssertionError(
-                f"hang: a rank waited {timeout_s:g} s in a collective the other rank never joined "
-                f"(step 1, where rank 1 has count 0). Hint: every rank must make the same collective "
-                "calls in the same order, also a rank with nothing to contribute: it can contribute "
-                "zeros") from None
-        raise AssertionError(f"the function failed on the processes: {text.splitlines()[-1][:300]}") from None
-    want = expected()
-    for rank, values in enumerate(got):
-        for step, (g, w) in enumerate(zip(values, want)):
-            assert abs(g - w) < 1e-9, (
-                f"wrong value at step {step} on rank {rank}: {g:.4f}, the mean over all samples is {w:.4f}. "
-                "Hint: averaging the ranks' own means weighs a rank with 1 sample like one with 5; "
-                "all-reduce the loss sum and the count, then divide")
-    msg = f"correct: no hang, and the global mean on both ranks at every step ({', '.join(f'{w:.3f}' for w in want)})"
+def check_diagnosis(bottleneck: str, fix: dict, profile: dict) -> str:
+    """Raise NotImplementedError while the answer is a TODO, AssertionError with a hint when the
+    diagnosis or the fix is wrong; return (and print) what was measured when both are right."""
+    if bottleneck == "TODO" or not isinstance(bottleneck, str):
+        raise NotImplementedError("exercise not done yet: name the bottleneck and a fix, then run this cell again")
+    ev = evidence(profile)
+    assert bottleneck in SUSPECTS, f"{bottleneck!r} is not one of the suspects {SUSPECTS}"
+    if bottleneck == "computation":
+        raise AssertionError(
+            f"not the model: aten::mkldnn_convolution runs {ev['conv_calls']:g} times per step, and "
+            "SmallCNN has 2 convolutions. Hint: which span of the table contains the other calls? "
+            "Compare the total time of each annotation with the step's")
+    if bottleneck == "host sync":
+        raise AssertionError(
+            f"not here: aten::item takes {ev['item_ms']:.3f} ms of a {ev['step_ms']:.1f} ms step. On a CPU "
+            ".item() has nothing to wait for (on a GPU it would wait for the queued kernels, and the "
+            "profile would show that time in aten::item). Hint: compare the total time of each annotation "
+            "with the step's")
+    unknown = set(fix) - set(slow_run.SETTINGS)
+    assert not unknown, (f"{sorted(unknown)}: a fix changes how the work runs ({', '.join(slow_run.SETTINGS)}), "
+                         "not how much work there is")
+    assert fix, f"right diagnosis; now the fix: a dict of settings among {slow_run.SETTINGS}"
+    slow, fixed = slow_run.run(), slow_run.run(**fix)
+    gain = slow["cpu_ms"] / fixed["cpu_ms"]
+    assert gain >= MIN_GAIN, (
+        f"right diagnosis, but the fix {fix} leaves the training process busy {fixed['cpu_ms']:.1f} ms "
+        f"per step (slow run: {slow['cpu_ms']:.1f} ms). Hint: which setting moves the loading out of "
+        "this process?")
+    msg = (f"correct: data loading. enumerate(DataLoader) holds {ev['loader_ms']:.1f} of the "
+           f"{ev['step_ms']:.1f} ms of a step; with {fix} the training process computes "
+           f"{fixed['cpu_ms']:.1f} ms per step instead of {slow['cpu_ms']:.1f} ({gain:.1f}x less), and a step "
+           f"takes {fixed['step_ms']:.1f} ms of wall time instead of {slow['step_ms']:.1f} "
+           f"({slow['step_ms'] / fixed['step_ms']:.2f}x) on this machine's free cores")
     print(msg)
     return msg
