@@ -15,6 +15,12 @@ final name and only then rewrites ``latest`` atomically (temporary file + fsync 
 a kill at any moment leaves ``latest`` naming a complete checkpoint. Older checkpoints and
 leftovers of killed saves are removed after the switch.
 
+A damaged checkpoint (``.metadata`` missing or unreadable, a ``.distcp`` file missing or shorter
+than ``.metadata`` says, e.g. a copy cut short) is found by ``verify`` before any process group
+exists; what only loading can find (corrupt bytes) is caught around ``dcp.load``. Either way
+every rank raises the same one-line CheckpointMismatch (exit status 2, printed once by rank 0),
+and the checkpoint is left as it is.
+
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.train --checkpoint ckpt
     torchrun --standalone --nproc-per-node=4 -m source_code.sharding.train --checkpoint ckpt --resume
 """
@@ -22,12 +28,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import uuid
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_state_dict, set_state_dict)
 
@@ -56,6 +64,42 @@ def read_progress(directory) -> dict | None:
     except (OSError, ValueError):
         raise CheckpointMismatch(f"error: {path} has no readable progress.json; point "
                                  "--checkpoint at a directory written by this script") from None
+
+
+def _damaged(path: str, what: str) -> CheckpointMismatch:
+    return CheckpointMismatch(
+        f"error: the sharded checkpoint {path} is damaged ({what}); restore it (or its directory) "
+        "from a copy, or run without --resume to train from scratch")
+
+
+def verify(directory) -> str:
+    """The newest checkpoint's path if its files are all there and as long as its .metadata
+    says; else CheckpointMismatch naming the first damage found. Reads files only (no process
+    group): every rank reaches the same verdict on a shared file system."""
+    from torch.distributed.checkpoint import FileSystemReader
+    path = latest(directory)
+    if path is None or not os.path.isdir(path):
+        raise CheckpointMismatch(f"error: {os.fspath(directory)}/{LATEST} names no checkpoint "
+                                 "directory; point --checkpoint at one written by this script")
+    if not os.path.exists(os.path.join(path, ".metadata")):
+        raise _damaged(path, ".metadata is missing")
+    try:
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception as exc:  # pickle or I/O errors of any kind: the file is not DCP metadata
+        raise _damaged(path, f".metadata is unreadable: {type(exc).__name__}") from None
+    needed: dict[str, int] = {}                       # file -> bytes .metadata expects in it
+    for info in metadata.storage_data.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        file = os.path.join(path, name)
+        if not os.path.exists(file):
+            raise _damaged(path, f"{name} is missing")
+        have = os.path.getsize(file)
+        if have < size:
+            raise _damaged(path, f"{name} holds {have:,d} of the {size:,d} bytes .metadata "
+                                 "lists: truncated")
+    return path
 
 
 def _write_pointer(directory: str, name: str) -> None:
@@ -101,12 +145,34 @@ def load(directory, model, optimizer) -> dict:
     path = latest(directory)
     if path is None:
         raise CheckpointMismatch(f"error: no checkpoint under {directory}; start without --resume")
+    verify(directory)                                   # missing or short files: one line
     model_sd, optim_sd = get_state_dict(model, optimizer)  # the target layout of this run
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    problem = None
+    try:
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    except (Exception, CheckpointException) as exc:  # DCP gathers every rank's failure into a
+        problem = _summary(exc)                         # CheckpointException (a BaseException)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)           # all ranks agree, even if one failed alone
+    first = next((p for p in problems if p), None)
+    if first:
+        raise _damaged(path, f"loading failed: {first}")
     return read_progress(directory)
+
+
+def _summary(exc: BaseException) -> str:
+    """'ExcType on rank R: first line' of the first rank's failure in a DCP CheckpointException."""
+    where = ""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank = min(exc.failures)
+        exc, where = exc.failures[rank][0], f" on rank {rank}"  # (exception, stack) per rank
+    if isinstance(exc, pickle.UnpicklingError):
+        return f"{type(exc).__name__}{where}: a .distcp file holds bytes that are not tensor data"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}{where}" + (f": {text[0][:120]}" if text else "")
 
 
 def full_model_state(model) -> dict:

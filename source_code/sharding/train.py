@@ -78,6 +78,7 @@ def check(args):
                           "training examples; use a smaller one")
     cfg = model_config(args, train_set)
     if args.resume and checkpointing.latest(args.checkpoint):
+        checkpointing.verify(args.checkpoint)                # damaged files: one line, exit 2
         saved = checkpointing.read_progress(args.checkpoint)
         if saved["config"] != cfg:
             raise checkpointing.CheckpointMismatch(
