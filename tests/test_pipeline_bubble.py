@@ -1,50 +1,18 @@
-"""The measured pipeline bubble follows (p - 1) / (m + p - 1) for p = 2, m = 1, 2, 4, 8 when the
-stages are held equal, and does not when one stage is slower (the simulator does).
+"""bubble.py without processes: the holds of its three runs, its flag checks, and its table on
+timelines the simulator made.
 
-Checked on the JSON the module writes: every held bubble lies within 0.08 of the formula (the
-formula's steps between these m are 0.17, 0.13 and 0.09, so a wrong schedule or a wrong idle
-count fails) and shrinks as m grows; every held operation lasted its fixed duration and the
-hold is the same on both stages; the simulator's prediction with the measured message and
-gap costs lies at or above the formula (they only add idle time). In the slow run stage 1
-holds 1.5 x as long: its bubble lies above the formula and within 0.05 of the simulator's
-with the run's per-stage costs. The raw run (no hold) is notebook 09's; here two runs at
-fewer layers keep the test short. The goal E <= 0.10 holds on quiet cores at the defaults,
-so here E is only bounded loosely: E < 0.5 (a busy machine gave 0.36 once).
+The measurement itself (torchrun, three runs x 2 schedules x m = 1, 2, 4, 8, about 80 s) runs
+once, in notebook 09 under nbval, whose cells assert what a test here would: every held bubble
+within 0.08 of (p - 1) / (m + p - 1) and shrinking as m grows, the same hold on every stage,
+the simulator's prediction at or above the formula, the slow run above the formula and within
+0.04 of the simulator's bubble with its own per-stage costs.
 """
-import json
 import statistics
 
 import pytest
 
 from source_code.pipeline import bubble
 from source_code.pipeline.formulas import bubble_theory
-
-
-@pytest.mark.parity
-@pytest.mark.slow
-def test_bubble_held_and_slow_stage_p2(torchrun, tmp_path):
-    out = tmp_path / "bubble.json"
-    run = torchrun("source_code.pipeline.bubble", "--layers", "64", "--runs", "held,slow",
-                   "--out", out, nproc=2)
-    rep = json.loads(out.read_text())
-    assert rep["p"] == 2 and list(rep["runs"]) == ["held", "slow"], run.stdout
-    held, slow = rep["runs"]["held"], rep["runs"]["slow"]
-    assert held["holds"][0] == held["holds"][1] == rep["hold"]
-    assert 0 < rep["hold"]["F"] < rep["hold"]["B"]       # a backward costs more than a forward
-    assert slow["holds"][1]["B"] == pytest.approx(1.5 * rep["hold"]["B"]) and slow["holds"][0] == rep["hold"]
-    for name in ("gpipe", "1f1b"):
-        med = {int(m): statistics.median(v["bubbles"]) for m, v in held["result"][name].items()}
-        assert sorted(med) == [1, 2, 4, 8]
-        for m, value in med.items():
-            assert abs(value - bubble_theory(2, m)) <= 0.08, (name, m, value, run.stdout)
-            assert held["sim"][name][str(m)] >= bubble_theory(2, m) - 1e-3, (name, m)
-        assert [med[m] for m in (1, 2, 4, 8)] == sorted(med.values(), reverse=True), (name, med)
-        for m in (2, 4, 8):
-            value = statistics.median(slow["result"][name][str(m)]["bubbles"])
-            assert value > bubble_theory(2, m) + 0.02, (name, m, value)
-            assert abs(value - slow["sim"][name][str(m)]) < 0.05, (name, m, value, slow["sim"][name])
-    assert held["max_rel_error"] < 0.5, run.stdout
-    assert run.stdout.strip().splitlines()[-1] == f"bubble_max_rel_error={held['max_rel_error']:.4f}"
 
 
 def test_run_holds():
