@@ -24,7 +24,8 @@ def test_run_holds():
 
 @pytest.mark.parametrize("args, message", [
     (["--runs", "held,fast"], "--runs"), (["--runs", "raw,raw"], "--runs"),
-    (["--hold", "0"], "--runs raw"), (["--slow-factor", "0"], "--slow-factor"),
+    (["--hold", "0", "--runs", "raw,held"], "--runs raw or --hold 0"), (["--hold", "0.5"], "need a factor"),
+    (["--slow-factor", "0"], "--slow-factor"),
 ])
 def test_bad_flags_are_refused(args, message):
     from source_code.distributed import LaunchError

@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble
     torchrun --standalone --nproc-per-node=4 -m source_code.pipeline.bubble   # oversubscribed on 2 cores
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --runs raw   # ops as computed
+    torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --hold 0     # the same
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble --out bubble.json
 
 p = the number of processes, one stage each. The model is an MLP stack with the same work on
@@ -189,9 +190,10 @@ def main(argv=None):
     ap.add_argument("--width", type=positive_int, default=256, help="MLP width (work per layer ~ width^2)")
     ap.add_argument("--layers", type=positive_int, default=128, help="MLP layers in total (divided among the stages)")
     ap.add_argument("--rows", type=positive_int, default=256, help="rows per microbatch")
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--runs", default="", help=f"comma-separated, of {', '.join(RUNS)} (default: all; "
+                    "raw only with --hold 0)")
     ap.add_argument("--hold", type=float, default=1.25,
-                    help="held runs: every F (B) lasts this x the slowest stage's median F (B)")
+                    help="held runs: every F (B) lasts this x the slowest stage's median F (B); 0: raw run only")
     ap.add_argument("--slow-stage", type=int, default=1, help="the slow run's slow stage")
     ap.add_argument("--slow-factor", type=float, default=1.5, help="its operations last this x the hold")
     ap.add_argument("--out", type=writable_path, default="", help="write every measurement as JSON here (rank 0)")
@@ -203,13 +205,13 @@ def main(argv=None):
                           "use e.g. --microbatches 1,2,4,8") from None
     if min(ms) < 1:
         raise LaunchError(f"error: --microbatches {args.microbatches}: every m must be >= 1")
-    runs = [r for r in args.runs.split(",") if r]
+    runs = [r for r in (args.runs or (",".join(RUNS) if args.hold else "raw")).split(",") if r]
     if not runs or set(runs) - set(RUNS) or len(set(runs)) != len(runs):
         raise LaunchError(f"error: --runs {args.runs!r}: give each of {', '.join(RUNS)} at most once, "
                           "e.g. --runs raw,held")
-    if not args.hold >= 1:
-        raise LaunchError(f"error: --hold {args.hold}: use a factor >= 1, e.g. --hold 1.25 "
-                          "(--runs raw measures without a hold)")
+    if set(runs) - {"raw"} and not args.hold >= 1:
+        raise LaunchError(f"error: --hold {args.hold}: the runs {args.runs or 'held, slow'} need a factor "
+                          ">= 1, e.g. --hold 1.25 (--runs raw or --hold 0 measure without a hold)")
     if not args.slow_factor > 0:
         raise LaunchError(f"error: --slow-factor {args.slow_factor} must be > 0, e.g. 1.5")
     found = ranks_from_env()
