@@ -1,10 +1,12 @@
-"""Sharding, in one process: the planner's formulas, ZeRO's chunk bookkeeping, the exercise check."""
+"""Sharding, in one process: the planner's formulas, ZeRO's chunk bookkeeping, bf16 bytes counted,
+the exercise check with the reference solution and typical wrong answers."""
 import pytest
 import torch
 
 from source_code.planner import memory as planner
 from source_code.sharding import comm, workload
-from source_code.sharding.exercises import check_predict_state_bytes
+from source_code.sharding.exercises import check_predict_bf16_state_bytes
+from source_code.sharding.mixed_precision import bf16_step_bytes
 from source_code.solutions import nb08_sharding
 
 
@@ -51,39 +53,81 @@ def test_global_batch_is_world_size_free():
     assert torch.equal(torch.cat(parts), batch[0])
 
 
-ROW = {"world_size": 4, "strategy": "fsdp", "n_params": 107_776, "params": 107_776,
-       "grads": 107_776, "optimizer": 2 * 107_776 + 4 * 30}
+def _solution(n, world, strategy):
+    return nb08_sharding.predict_bf16_state_bytes(n, world, strategy)
+
+
+def test_counted_bf16_step_is_2_2_12_bytes_per_parameter():
+    b = bf16_step_bytes(workload.model_config(dim=32, n_layers=1))
+    n = b["n_params"]
+    assert (b["params"], b["grads"]) == (2 * n, 2 * n) and b["loss_dtype"] == "torch.float32"
+    assert b["optimizer"] == 12 * n                     # master + exp_avg + exp_avg_sq, fp32
 
 
 def test_exercise_solution_passes():
-    assert check_predict_state_bytes(nb08_sharding.predict_state_bytes, [ROW]).startswith("correct")
+    counted = bf16_step_bytes(workload.model_config(dim=32, n_layers=1))
+    assert check_predict_bf16_state_bytes(_solution, counted).startswith("correct")
 
 
-def _adam_one_state(n, world, strategy):
-    b = nb08_sharding.predict_state_bytes(n, world, strategy)
-    return {**b, "optimizer": b["optimizer"] / 2}     # forgets exp_avg_sq
+def _fp32_answer(n, world, strategy):          # the table of section 1 retyped
+    b = _solution(n, world, strategy)
+    return {"params": 2 * b["params"], "grads": 2 * b["grads"], "optimizer": b["optimizer"] * 8 / 12}
+
+
+def _no_master(n, world, strategy):             # bf16 weights, but where is the fp32 copy?
+    b = _solution(n, world, strategy)
+    return {**b, "optimizer": b["optimizer"] * 8 / 12}
+
+
+def _master_as_params(n, world, strategy):      # master weights counted with the parameters
+    b = _solution(n, world, strategy)
+    return {**b, "params": 3 * b["params"], "optimizer": b["optimizer"] * 8 / 12}
+
+
+def _master_unsharded(n, world, strategy):      # moments sharded, master kept whole
+    b = _solution(n, world, strategy)
+    return {**b, "optimizer": b["optimizer"] * 8 / 12 + (4 * n if strategy != "ddp" else b["optimizer"] / 3)}
+
+
+def _zero1_keeps_optimizer(n, world, strategy):
+    b = _solution(n, world, strategy)
+    return {**b, "optimizer": 12 * n if strategy == "zero1" else b["optimizer"]}
 
 
 def _zero2_shards_params(n, world, strategy):
-    b = nb08_sharding.predict_state_bytes(n, world, strategy)
+    b = _solution(n, world, strategy)
     return {**b, "params": b["params"] / world if strategy == "zero2" else b["params"]}
 
 
 def _fsdp_keeps_full_grads(n, world, strategy):
-    b = nb08_sharding.predict_state_bytes(n, world, strategy)
-    return {**b, "grads": 4 * n if strategy == "fsdp" else b["grads"]}
+    b = _solution(n, world, strategy)
+    return {**b, "grads": 2 * n if strategy == "fsdp" else b["grads"]}
 
 
-@pytest.mark.parametrize("wrong,hint", [(_adam_one_state, "2 numbers per parameter"),
-                                        (_zero2_shards_params, "only FSDP"),
-                                        (_fsdp_keeps_full_grads, "ZeRO-2 and FSDP keep 1/N")])
-def test_exercise_wrong_answers_fail(wrong, hint):
-    with pytest.raises(AssertionError, match=hint):
-        check_predict_state_bytes(wrong)
+@pytest.mark.parametrize("wrong,missed", [
+    (_fp32_answer, "the params are bf16"),
+    (_no_master, "fp32 master copy of the weights is missing"),
+    (_master_as_params, "master copy belongs to the optimizer state"),
+    (_master_unsharded, "master weights are optimizer state"),
+    (_zero1_keeps_optimizer, "ZeRO-1 already shards the whole optimizer state"),
+    (_zero2_shards_params, "only FSDP"),
+    (_fsdp_keeps_full_grads, "ZeRO-2 and FSDP keep 1/N"),
+])
+def test_exercise_wrong_answers_name_the_missed_term(wrong, missed):
+    with pytest.raises(AssertionError, match=missed):
+        check_predict_bf16_state_bytes(wrong)
+
+
+def test_exercise_reference_agrees_with_planner_per_gpu():
+    from source_code.planner import mesh_memory
+    from source_code.planner.spec import PRESETS, Config
+    m = PRESETS["7b"]
+    got = mesh_memory.stage_bytes(m, Config(dp=8, zero=1), 0, "bf16")
+    assert got["params"] == 2 * m.params() and got["optimizer"] == 12 * -(-m.params() // 8)
 
 
 def test_exercise_unfinished_is_reported():
     def todo(n, world, strategy):
         raise NotImplementedError
     with pytest.raises(NotImplementedError, match="not done yet"):
-        check_predict_state_bytes(todo)
+        check_predict_bf16_state_bytes(todo)

@@ -1,14 +1,17 @@
 """Reference solution for the exercise of notebook 08 (sharding), checked by tests/test_sharding.py.
 
-    python -m pytest tests/test_sharding.py -k predict_state_bytes
+    python -m pytest tests/test_sharding.py -k exercise
 """
 from __future__ import annotations
 
+# bytes per parameter in bf16 mixed precision with AdamW: bf16 weights and gradients; the
+# optimizer holds the fp32 master weights, exp_avg and exp_avg_sq
+BYTES = {"params": 2, "grads": 2, "optimizer": 4 + 4 + 4}
+SHARDED = {"ddp": (), "zero1": ("optimizer",), "zero2": ("optimizer", "grads"),
+           "fsdp": ("optimizer", "grads", "params")}
 
-def predict_state_bytes(n_params, world_size, strategy):
-    """Bytes one rank keeps for parameters, gradients and AdamW state (fp32) under ``strategy``."""
-    full, shard = 4 * n_params, 4 * n_params / world_size
-    params = shard if strategy == "fsdp" else full
-    grads = shard if strategy in ("zero2", "fsdp") else full
-    optimizer = 2 * (full if strategy == "ddp" else shard)   # exp_avg + exp_avg_sq
-    return {"params": params, "grads": grads, "optimizer": optimizer}
+
+def predict_bf16_state_bytes(n_params, world_size, strategy):
+    """Bytes one rank keeps for parameters, gradients and optimizer state under ``strategy``."""
+    return {key: per * (n_params / world_size if key in SHARDED[strategy] else n_params)
+            for key, per in BYTES.items()}
