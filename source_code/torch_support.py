@@ -62,7 +62,7 @@ ENTRY_POINTS = [
 NEEDS = {"lightning_train": "lightning", "accelerate_train": "accelerate", "deepspeed_train": "deepspeed"}
 # an exit status 0 is not enough where a script could end well and still be wrong
 EXPECT = {"source_code.profiling.hang": (r"mismatch_at=[1-9]", "the flight recorders found no mismatch")}
-ERROR_LINE = re.compile(r"^\s*(\[rank\d+\]: )?(\w+\.)*\w*(Error|Exception)\b.*")
+ERROR_LINE = re.compile(r"^\s*(\[rank\d+\]: )?((\w+\.)*\w*(Error|Exception)\b|FAILED: ).*")
 
 
 def run_one(launcher: str, nproc: int, module: str, args: str, tmp: Path, timeout: float) -> tuple[str, str]:
@@ -94,7 +94,7 @@ def run_one(launcher: str, nproc: int, module: str, args: str, tmp: Path, timeou
     if res.returncode == 2 and errors:
         return "refused", errors[0]
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
-    causes = [m.group(0) for m in map(ERROR_LINE.match, lines) if m]
+    causes = [m.group(0) for m in map(ERROR_LINE.match, lines) if m and "ChildFailedError" not in m.group(0)]
     cause = causes[-1] if causes else (lines[-1] if lines else f"exit status {res.returncode}")
     return "FAIL", " ".join(cause.split())[:300]
 

@@ -3,8 +3,8 @@
     python -m source_code.torch_versions          # what this torch can and cannot run here
 
 The clusters' modules ship torch 2.6-2.11; the workshop pins 2.14.1. Each row of ``NEEDS``
-was found by running the entry points under those versions (``make torch-check TORCH=...``,
-source_code/torch_support.py) and names the first version where the feature works. Some
+was found by running the entry points under some of those versions (``make torch-check
+TORCH=...``, source_code/torch_support.py) and names the first of them where the feature works. Some
 limits hold on the CPU with gloo only (``cpu_only``): on GPUs with NCCL the same torch works.
 A script calls ``require(feature, device)`` before any work; an older torch stops it with one
 line naming the version it needs and why (exit status 2, as every launch error here).
@@ -26,12 +26,17 @@ class Need:
     why: str
 
 
+# measured on the CPU with gloo (make torch-check) under 2.6.0, 2.7.1, 2.11.0, 2.12.1 and the pinned
+# 2.14.1; versions in between were not run, so a limit names the first version measured right
 NEEDS = {
-    "fsdp2": Need((2, 7), True, "FSDP2 (fully_shard) on the CPU",
-                  "torch 2.6's FSDP2 records stream events that its CPU stream does not have"),
-    "pipelining": Need((2, 7), True, "torch.distributed.pipelining's 1F1B and interleaved schedules on gloo",
-                       "torch 2.6's schedules wait on one operation of a batched send/recv, which "
-                       "gloo never completes: the step hangs"),
+    "fsdp2": Need((2, 11), True, "FSDP2 (fully_shard) on the CPU",
+                  "2.6's FSDP2 records stream events its CPU stream lacks, 2.7's gives gradients off by "
+                  "5e-4 and cannot run HSDP on gloo (ReduceOp.AVG)"),
+    "pipelining": Need((2, 11), True, "torch.distributed.pipelining's 1F1B, interleaved and zero-bubble "
+                       "schedules on gloo", "2.6's and 2.7's wait on one operation of a batched send/recv, "
+                       "which gloo never completes: the step hangs"),
+    "flight-recorder": Need((2, 11), True, "the flight recorder of gloo collectives",
+                            "2.6 and 2.7 record nothing for gloo, so a hang's mismatch cannot be located"),
 }
 
 
