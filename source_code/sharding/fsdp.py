@@ -21,6 +21,8 @@ allocates its shards.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -37,10 +39,12 @@ def shard_model(model: TransformerLM, mesh, reshard_after_forward: bool = True,
                 mp_policy: MixedPrecisionPolicy | None = None) -> TransformerLM:
     """fully_shard each block, then the root (embeddings, final norm, head)."""
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    inner = {}
     if mp_policy is not None:
-        kwargs["mp_policy"] = mp_policy
+        kwargs["mp_policy"] = mp_policy       # output_dtype casts the model's output (logits)
+        inner = {"mp_policy": replace(mp_policy, output_dtype=None)}  # blocks stay in bf16
     for block in model.layers:
-        fully_shard(block, **kwargs)          # one all-gather / reduce-scatter group per block
+        fully_shard(block, **{**kwargs, **inner})  # one all-gather / reduce-scatter group per block
     fully_shard(model, **kwargs)              # the rest of the parameters
     return model
 

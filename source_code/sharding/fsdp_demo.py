@@ -8,10 +8,12 @@ Printed lines (``key: k=v ...``), parsed by notebook 08:
 * ``gathers``: the collectives of one step, forward and backward counted apart, for
   reshard_after_forward True and False, and the parameter bytes left unsharded after forward;
 * ``meta_init``: peak process memory of building a larger model normally then sharding it vs
-  on the meta device then to_empty + init (MALLOC_MMAP_THRESHOLD_=65536 is set by torchrun's
+  on the meta device then to_empty + init (the shards stay; init_weights makes one full tensor
+  at a time, so the peak is the shards plus about the largest tensor) (MALLOC_MMAP_THRESHOLD_=65536 is set by torchrun's
   environment here: export it for meaningful numbers);
-* ``bf16``: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): bytes all-gathered
-  and the loss vs fp32 (gloo all-gathers bf16 in torch 2.14);
+* ``bf16``: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
+  output_dtype=float32): bytes all-gathered, the loss (computed in fp32) vs fp32, the same loss
+  reduced in bf16 for contrast, the dtype of the kept shards (fp32: FSDP2's master copy);
 * ``hsdp``: on 4 ranks, mesh (replicate=2, shard=2): placements, local fraction, replicas equal.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gc
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.distributed import print0, run_main, session
@@ -65,14 +68,23 @@ def bf16(ctx, cfg) -> dict:
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     x, y = _batch(ctx)
     out = {}
+    # output_dtype=float32: the root's output (the logits) comes back in fp32, so the softmax and
+    # the mean over tokens of the loss run in fp32; in bf16 (8 mantissa bits) a loss near 3.5
+    # can only be a multiple of 1/64
     for name, policy in (("fp32", None), ("bf16", MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=torch.float32))):
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32))):
         model = build_sharded(cfg, mesh, 0, ctx.device, mp_policy=policy)
         c = CommCounter(ctx.world_size)
         with c:
-            loss = workload.loss_fn(model, x, y)
+            logits = model(x)                               # (B, T, vocab), fp32 either way
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
             loss.backward()
         out[name] = (c.payload["all_gather"], c.payload["reduce_scatter"], loss.item())
+        if policy is not None:
+            out["loss_dtype"] = str(loss.dtype).replace("torch.", "")
+            out["shard_dtype"] = str(local(next(model.parameters())).dtype).replace("torch.", "")
+            out["loss_in_bf16"] = F.cross_entropy(  # the same logits, softmax and mean in bf16
+                logits.detach().to(torch.bfloat16).flatten(0, 1), y.flatten(), ignore_index=-100).item()
     return out
 
 
@@ -109,12 +121,16 @@ def run(ctx, args) -> None:
     big = workload.model_config(dim=args.big_dim, n_layers=args.big_layers)
     n_big = sum(p.numel() for p in workload.build_model(big, 0).parameters())
     peaks = {m: meta_init(ctx, big, m) for m in (True, False)}  # meta first: nothing freed to reuse
+    sizes = [p.numel() for p in workload.build_model(big, 0).parameters()]
+    shard = 4 * sum(-(-n // ctx.world_size) for n in sizes)  # what stays: this rank's shards
     print0(f"meta_init: params={n_big} full_mib={4 * n_big / 2**20:.1f} "
-           f"normal_peak_mib={peaks[False] / 2**20:.1f} meta_peak_mib={peaks[True] / 2**20:.1f}")
+           f"normal_peak_mib={peaks[False] / 2**20:.1f} meta_peak_mib={peaks[True] / 2**20:.1f} "
+           f"shard_mib={shard / 2**20:.2f} largest_tensor_mib={4 * max(sizes) / 2**20:.2f}")
     b = bf16(ctx, cfg)
     print0(f"bf16: fp32_all_gather={b['fp32'][0]} bf16_all_gather={b['bf16'][0]} "
            f"fp32_reduce_scatter={b['fp32'][1]} bf16_reduce_scatter={b['bf16'][1]} "
-           f"fp32_loss={b['fp32'][2]:.6f} bf16_loss={b['bf16'][2]:.6f}")
+           f"fp32_loss={b['fp32'][2]:.6f} bf16_loss={b['bf16'][2]:.6f} loss_dtype={b['loss_dtype']} "
+           f"loss_in_bf16={b['loss_in_bf16']:.6f} shard_dtype={b['shard_dtype']}")
     if ctx.world_size == 4:
         h = hsdp(ctx, cfg)
         calls = ",".join(f"{k}:{v}" for k, v in sorted(h.pop("calls").items()))

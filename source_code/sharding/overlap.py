@@ -1,0 +1,176 @@
+"""FSDP2 prefetching: issue the next block's all-gather before it is needed, read the overlap in a trace.
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.sharding.overlap --out overlap.json
+
+Without prefetching, block i+1's all-gather starts when block i+1's forward starts: the rank
+waits for it, then computes. ``block.set_modules_to_forward_prefetch([next_block])`` issues it
+when block i starts, so the transfer can run while block i computes;
+``set_modules_to_backward_prefetch([previous_block])`` does the same in backward, where the
+blocks come in reverse order (FSDP2 prefetches one block in backward by default; the explicit
+list replaces that guess with an order you choose). Whether the transfer really runs alongside
+the computation depends on who carries it: NCCL on its own CUDA stream does; on a CPU, FSDP2
+issues the collective synchronously unless the group is told to issue it asynchronously
+(``FSDPModule._set_unshard_async_op(True)``, a private switch in torch 2.14), and then gloo's
+worker thread moves the bytes while the main thread computes. So three variants run here:
+``none`` (forward: no prefetch; backward: FSDP2's default), ``prefetch`` (explicit lists) and
+``prefetch_async`` (explicit lists + asynchronous issue).
+
+Per variant, rank 0 profiles ``--steps`` steps after a warm-up, exports the Chrome trace and
+reads it with the profiling lesson's classifier (source_code/profiling/classify.py):
+the transfers (gloo's worker-thread events), the main thread's computation (operators),
+and how much of the transfer time lies under computation (``hidden``; transfer_and_compute). It also checks what
+is resident when: at each block's forward, the blocks whose parameters are unsharded and the
+all-gathers already issued (one ahead of the block with prefetching).
+
+Written to ``--out`` (JSON): {"variants": {name: {comm_ms, hidden_ms, hidden_fraction, gather_ms,
+gather_hidden_fraction, step_ms, ahead, unsharded_blocks}}, "world_size", "device"} (times in
+ms per step; the all-gathers apart, as prefetching moves only them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from source_code.distributed import print0, run_main, session
+from source_code.profiling import classify
+from source_code.sharding import workload
+from source_code.sharding.fsdp import build_sharded
+from source_code.sharding.measure import CommCounter, DTensor
+
+LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.sharding.overlap"
+VARIANTS = ("none", "prefetch", "prefetch_async")
+
+
+def set_prefetch(model, async_op: bool = False) -> None:
+    """Forward: block i prefetches block i+1; backward: block i prefetches block i-1."""
+    blocks = list(model.layers)
+    for i, block in enumerate(blocks):
+        if i + 1 < len(blocks):
+            block.set_modules_to_forward_prefetch([blocks[i + 1]])
+        if i > 0:
+            block.set_modules_to_backward_prefetch([blocks[i - 1]])
+    if async_op:  # private in torch 2.14: issue the all-gathers with async_op=True
+        for module in [*blocks, model]:
+            module._set_unshard_async_op(True)
+
+
+def watch_residency(model, counter: CommCounter) -> list[dict]:
+    """At each block's forward (after FSDP2's own pre-forward hook): which blocks hold full
+    parameters, and how many all-gathers have been issued so far."""
+    seen: list[dict] = []
+    blocks = list(model.layers)
+
+    def hook(index):
+        def pre_forward(module, args):
+            full = [j for j, b in enumerate(blocks)
+                    if not any(isinstance(p, DTensor) for p in b.parameters())]
+            seen.append({"block": index, "unsharded": full,
+                         "gathers_issued": counter.calls["all_gather"]})
+        return pre_forward
+
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(hook(i))   # registered after fully_shard: runs after it
+    return seen
+
+
+def transfer_and_compute(trace: dict, which: str = ""):
+    """Merged spans of (collectives in flight on the backend's thread, main-thread computation).
+
+    The transfer: the ``gloo:...`` (``nccl:...``) events, the bytes on the move. Computation:
+    operators on the thread that runs the steps, except those inside a collective call there
+    (the copies and waits of the call itself): a transfer under them is not hidden behind work.
+    ``which``: only the collectives whose name contains it (e.g. "all_gather").
+    """
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    main = next(e["tid"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+    transfer = [span(e) for e in events if str(e["name"]).startswith(classify.ASYNC_COLLECTIVE)
+                and which in str(e["name"])]
+    calls = classify.merge([span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"
+                            and classify.kind_of(e["name"]) == "communication"])
+    inside = lambda a, b: any(lo <= a and b <= hi for lo, hi in calls)
+    compute = [span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"
+               and classify.kind_of(e["name"]) == "computation" and not inside(*span(e))]
+    return classify.merge(transfer), classify.merge(compute)
+
+
+def run_variant(ctx, cfg, name: str, steps: int, trace_dir: str) -> dict:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    model = build_sharded(cfg, mesh, 0, ctx.device)
+    if name != "none":
+        set_prefetch(model, async_op=name == "prefetch_async")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    counter = CommCounter(ctx.world_size)
+    seen = watch_residency(model, counter)
+    x, y = workload.rank_slice(workload.global_batch(workload.sort_task(256), 0, 32),
+                               ctx.rank, ctx.world_size)
+
+    def step():
+        workload.loss_fn(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    with counter:
+        step()                                          # warm-up (lazy init), and the residency
+    first_forward = list(seen)
+    from torch.profiler import ProfilerActivity, profile, schedule
+    path = os.path.join(trace_dir, f"{name}-rank{ctx.rank}.json")
+    sched = schedule(wait=0, warmup=1, active=steps)
+    with profile(activities=[ProfilerActivity.CPU], schedule=sched,
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(path)) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps + 1):
+            step()
+            prof.step()
+        step_ms = (time.perf_counter() - t0) * 1e3 / (steps + 1)
+    trace = classify.load_trace(path)
+    comm, comp = transfer_and_compute(trace)
+    gather, _ = transfer_and_compute(trace, "all_gather")
+    comm_us, hidden_us = classify.busy_us(comm), classify.overlap_us(comm, comp)
+    # all-gathers issued beyond the blocks started so far (the root's one included)
+    ahead = max(s["gathers_issued"] - (s["block"] + 2) for s in first_forward)
+    return {"comm_ms": comm_us / 1e3 / steps, "hidden_ms": hidden_us / 1e3 / steps,
+            "hidden_fraction": hidden_us / comm_us if comm_us else 0.0,
+            "gather_ms": classify.busy_us(gather) / 1e3 / steps,
+            "gather_hidden_fraction": (classify.overlap_us(gather, comp) / classify.busy_us(gather)
+                                       if gather else 0.0), "step_ms": step_ms,
+            "ahead": ahead, "unsharded_blocks": max(len(s["unsharded"]) for s in first_forward)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per variant")
+    p.add_argument("--out", default="", help="write the results here (JSON, rank 0)")
+    args = p.parse_args(argv)
+    if args.dim % 4 or args.layers < 2 or args.steps < 1:
+        p.error("--dim must be a multiple of 4, --layers >= 2 and --steps >= 1")
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*Profiler clears events")
+    with session(launch_hint=LAUNCH) as ctx:
+        cfg = workload.model_config(dim=args.dim, n_layers=args.layers)
+        result = {"world_size": ctx.world_size, "device": ctx.device.type, "variants": {}}
+        with tempfile.TemporaryDirectory(prefix="fsdp-trace-") as trace_dir:
+            for name in VARIANTS:
+                r = run_variant(ctx, cfg, name, args.steps, trace_dir)
+                result["variants"][name] = r
+                print0(f"overlap: variant={name} " + " ".join(
+                    f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+        if ctx.rank == 0 and args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
