@@ -35,6 +35,8 @@ NEEDS = {
     "pipelining": Need((2, 11), True, "torch.distributed.pipelining's 1F1B, interleaved and zero-bubble "
                        "schedules on gloo", "2.6's and 2.7's wait on one operation of a batched send/recv, "
                        "which gloo never completes: the step hangs"),
+    "zbv": Need((2, 12), True, "torch.distributed.pipelining's ScheduleZBVZeroBubble on gloo",
+                "2.11's V-shaped schedule sends between ranks gloo has not connected ('Pair is not connected')"),
     "flight-recorder": Need((2, 11), True, "the flight recorder of gloo collectives",
                             "2.6 and 2.7 record nothing for gloo, so a hang's mismatch cannot be located"),
 }

