@@ -59,6 +59,32 @@ def test_communication_kinds_and_links():
     assert communication.where(Config(dp=2, tp=4), "dp", 4) == "inter"
 
 
+def test_zero_stages_charge_the_traffic_of_the_gradients_they_keep():
+    """ZeRO-1 keeps full gradients and reduce-scatters once per step; ZeRO-2 keeps 1/dp and
+    reduce-scatters every micro-batch (the review's case: 8 micro-batches per rank)."""
+    m = model_from(params=7e9, layers=32, hidden=4096, seq=4096)
+    cfg = {z: Config(dp=64, zero=z, global_batch=512) for z in (1, 2)}
+    assert cfg[1].micro_batches == 8
+    rs = {z: {(r["kind"]): r for r in communication.per_step(m, c, 8, "bf16")}["reduce_scatter"]
+          for z, c in cfg.items()}
+    mem = {z: mesh_memory.per_gpu(m, c, "bf16")["grads"] for z, c in cfg.items()}
+    assert rs[1]["calls"] == 1 and rs[2]["calls"] == 8
+    assert rs[2]["payload"] == pytest.approx(8 * rs[1]["payload"])
+    assert mem[1] == pytest.approx(64 * mem[2], rel=1e-6)
+    one = {z: communication.per_step(m, Config(dp=64, zero=z, global_batch=64), 8, "bf16")
+           for z in (1, 2)}
+    assert one[1] == one[2]                  # one micro-batch: the two variants are the same
+
+
+def test_pipeline_with_zero2_or_3_carries_deepspeeds_refusal():
+    cluster = plan.cluster_of("a100", 2)
+    notes = {z: search.evaluate(PRESETS["7b"], Config(dp=4, pp=2, zero=z, global_batch=512),
+                                cluster).notes for z in range(4)}
+    assert notes[0] == notes[1] == [] and "refuses ZeRO-2/3" in notes[2][0]
+    assert "128 times" in notes[2][0] and "all-gather" in notes[3][0] and "all-gather" not in notes[2][0]
+    assert search.evaluate(PRESETS["7b"], Config(dp=8, zero=2, global_batch=512), cluster).notes == []
+
+
 def test_search_reasons_and_ranking():
     cluster = plan.cluster_of("a100", 2)
     fit, fail = search.search(PRESETS["7b"], cluster, 1, 512)
@@ -76,8 +102,14 @@ def test_the_four_questions_have_answers_from_the_numbers():
         assert info["best"] is not None and info["best"].fits
         assert any(line.strip().startswith("pure DDP") for line in info["lines"])
         assert info["best"].memory["total"] <= 0.9 * plan.CLUSTERS[site]["gpu_mem_gb"] * 1e9
-    seventy = plan.explain(PRESETS["70b"], plan.cluster_of("lumi", 16))["best"].cfg
-    assert seventy.tp * seventy.pp > 1        # 70B does not train with data parallelism alone
+    seventy = plan.explain(PRESETS["70b"], plan.cluster_of("lumi", 16))
+    assert seventy["best"].cfg.tp * seventy["best"].cfg.pp > 1    # cutting the model is fastest
+    fsdp = next(line for line in seventy["lines"] if line.strip().startswith("pure FSDP"))
+    assert "> 57.6 GB usable" in fsdp and "with checkpointing fits" in fsdp   # yet FSDP + ckpt fits
+    assumed = next(line for line in seventy["lines"] if line.strip().startswith("assumes:"))
+    assert "75 TFLOP/s" in assumed and "12.5 GB/s between nodes" in assumed
+    assert any("ZeRO-2: 1/dp of the gradients kept, a reduce-scatter after every micro-batch" in line
+               for line in seventy["lines"])
 
 
 def test_cli(capsys):
@@ -91,6 +123,11 @@ def test_cli(capsys):
                       "--zero", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("dp4(zero2) x tp1 x pp2, mb1: fits") and "GB with" in out and "inter-node" in out
+    assert "assumes ZeRO-2: 1/dp of the gradients kept" in out and "note: DeepSpeed's pipeline" in out
+    assert plan.main(["--params", "7e9", "--layers", "32", "--hidden", "4096", "--seq", "4096", "--gpus",
+                      "64", "--gpu-mem-gb", "80", "--gpus-per-node", "8", "--tp", "1", "--zero", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "one reduce-scatter per step; 8 micro-batch(es)" in out and "note:" not in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -21,6 +21,12 @@ def test_wrong_meshes_fail(wrong, message):
         check_mesh(wrong)
 
 
+def test_zero2_with_pipeline_passes_with_deepspeeds_note():
+    """Within 5 % of the best, but DeepSpeed's pipeline engine would refuse it: the check says so."""
+    out = check_mesh({"dp": 4, "tp": 1, "pp": 2, "zero": 2})
+    assert out.startswith("correct") and "note: DeepSpeed's pipeline engine refuses ZeRO-2/3" in out
+
+
 def test_unfinished_exercise_says_so():
     with pytest.raises(NotImplementedError):
         check_mesh(NotImplemented)

@@ -1,4 +1,5 @@
-"""The planner against measurement: DDP, FSDP, TP, 2D and a pipeline on 4 CPU processes.
+"""The planner against measurement: DDP, FSDP, TP, 2D, a pipeline and ZeRO-1/2/3 with gradient
+accumulation on 4 CPU processes.
 
     python -m source_code.planner.check
 
@@ -48,9 +49,9 @@ def compare(measured: dict) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> list[str]:
-    out = [f"{'config':7s} {'quantity':15s} {'predicted B':>12s} {'measured B':>12s} {'rel.err':>8s}"]
+    out = [f"{'config':8s} {'quantity':15s} {'predicted B':>12s} {'measured B':>12s} {'rel.err':>8s}"]
     for r in rows:
-        out.append(f"{r['config']:7s} {r['quantity']:15s} {r['predicted']:12,.0f} "
+        out.append(f"{r['config']:8s} {r['quantity']:15s} {r['predicted']:12,.0f} "
                    f"{r['measured']:12,.0f} {r['rel_error']:8.4f}")
     return out
 
@@ -68,7 +69,7 @@ def main(argv=None):
     rows = run()
     print("\n".join(format_table(rows)))
     worst = max(r["rel_error"] for r in rows)
-    print(f"configs: {', '.join(f'{n}=pp{p}xdp{d}xtp{t}/zero{z}' for n, (d, t, z, p) in CONFIGS.items())}")
+    print(f"configs: {', '.join(f'{n}=pp{p}xdp{d}xtp{t}/zero{z}/m{m}' for n, (d, t, z, p, m) in CONFIGS.items())}")
     print(f"planner_max_rel_error={worst:.4f}")
     return 0 if worst <= args.tol else 1
 

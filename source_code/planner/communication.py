@@ -10,10 +10,13 @@ send S. ``payload`` is S summed over the calls, ``wire`` what each rank sends.
                         2 backward (4 with separate q, k, v: each ColwiseParallel input
                         reduces its gradient); a checkpointed block repeats its forward ones
     dp  all_reduce      DDP (ZeRO 0): the gradients, once per step
-        reduce_scatter  ZeRO 1/2: the gradients; ZeRO 3: once per micro-batch
-        all_gather      ZeRO 1/2: the updated parameters; ZeRO 3 (FSDP2): before each
-                        forward, and again before each block's backward (the root module's
-                        parameters stay gathered between forward and backward)
+        reduce_scatter  the gradients. ZeRO-1: once per step (the full gradients are
+                        accumulated over the m micro-batches first); ZeRO-2 and ZeRO-3: once
+                        per micro-batch (a rank keeps only 1/dp of the gradients, so it must
+                        hand the rest off after every backward: DeepSpeed's ZeRO-2)
+        all_gather      ZeRO 1/2: the updated parameters, once per step; ZeRO 3 (FSDP2):
+                        before each forward, and again before each block's backward (the root
+                        module's parameters stay gathered between forward and backward)
     pp  send/recv       activations forward and their gradients backward, per micro-batch
 
 Where: ranks are laid out tp fastest, then dp, then pp (rank = (pp_i dp + dp_i) tp + tp_i),
@@ -69,7 +72,8 @@ def per_step(model: Model, cfg: Config, gpus_per_node: int = 8,
         if cfg.zero == 0:
             rows.append(_row("dp", "all_reduce", p * prec.grad, 2 * f, 1, cfg, gpus_per_node))
         elif cfg.zero in (1, 2):
-            rows.append(_row("dp", "reduce_scatter", p * prec.grad, f, 1, cfg, gpus_per_node))
+            rs = 1 if cfg.zero == 1 else m      # memory matches: full grads (1), 1/dp (2)
+            rows.append(_row("dp", "reduce_scatter", rs * p * prec.grad, f, rs, cfg, gpus_per_node))
             rows.append(_row("dp", "all_gather", p * prec.param, f, 1, cfg, gpus_per_node))
         else:
             blocks = layers * (-(-model.block_tp_sharded() // cfg.tp) + model.block_replicated())

@@ -47,15 +47,17 @@ def check_mesh(choice) -> str:
     assert plan.fits, (
         f"{cfg.label()} does not fit: {plan.reason}. Hint: which term is largest? Shard it with "
         f"a higher {KNOBS['zero']}, or cut the model with tp/pp; activations shrink with "
-        "checkpointing, tp or more pipeline stages")
+        "checkpointing or tp, not with more pipeline stages (under 1F1B stage 0 holds pp "
+        "micro-batches of its layers)")
     fit, _ = search(model, cluster, SCENARIO["micro_batch"], SCENARIO["global_batch"],
                     SCENARIO["precision"])
     best = fit[0]
     assert plan.step_s <= (1 + SLACK) * best.step_s, (
         f"{cfg.label()} fits ({describe_memory(plan)}) but its step takes ~{plan.step_s:.0f} s "
         f"against ~{best.step_s:.0f} s for the best plan: {describe_comm(plan)}. Hint: look at the "
-        "bytes that cross nodes and at what ZeRO-3 repeats for every micro-batch; recomputation "
-        "(checkpointing) costs a third more compute")
+        "bytes that cross nodes and at what ZeRO-2 and ZeRO-3 repeat for every micro-batch; "
+        "recomputation (checkpointing) costs a third more compute")
     return (f"correct: {cfg.label()} fits ({plan.memory['total'] / 1e9:.1f} GB per GPU) and its "
             f"step (~{plan.step_s:.1f} s) is within {SLACK:.0%} of the best plan's "
-            f"({best.cfg.label()}, ~{best.step_s:.1f} s)")
+            f"({best.cfg.label()}, ~{best.step_s:.1f} s)"
+            + "".join(f"; note: {n}" for n in plan.notes))

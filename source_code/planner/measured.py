@@ -14,6 +14,11 @@ AdamW step in each configuration of ``CONFIGS`` and counts, on rank 0:
 stages are replicated twice, gradients summed with one all-reduce per stage
 (mesh/pipeline3d.py without tp); its activations are not counted (the schedule keeps them).
 
+"zero1_m2", "zero2_m2", "fsdp_m2" accumulate the gradients of 2 micro-batches per step over 4
+ranks (planner/accumulation.py for ZeRO-1/2, FSDP2 for ZeRO-3): their collectives are counted
+over the whole step, optimizer step included (ZeRO-1's reduce-scatter and ZeRO-1/2's
+all-gather happen there), their gradients after it, their activations in one micro-batch.
+
 Everything lives on this rank's device (``distributed.context().device``): the CPU when
 planner/check.py spawns the 4 ranks with ``device="cpu"``, one GPU per rank (CUDA meshes, DDP
 with device_ids) when spawned with ``device="auto"`` on a node with 4 GPUs. Bytes of tensors
@@ -35,11 +40,11 @@ from source_code.planner.spec import Config
 from source_code.sharding import workload
 from source_code.sharding.measure import CommCounter, local, state_bytes, tensor_bytes
 
-# name -> (dp, tp, ZeRO stage, pp) on 4 ranks
-CONFIGS = {"ddp": (4, 1, 0, 1), "fsdp": (4, 1, 3, 1), "tp": (1, 4, 0, 1), "2d": (2, 2, 3, 1),
-           "pp_dp": (2, 1, 0, 2)}
+# name -> (dp, tp, ZeRO stage, pp, micro-batches per step and pipeline) on 4 ranks
+CONFIGS = {"ddp": (4, 1, 0, 1, 1), "fsdp": (4, 1, 3, 1, 1), "tp": (1, 4, 0, 1, 1),
+           "2d": (2, 2, 3, 1, 1), "pp_dp": (2, 1, 0, 2, 2),
+           "zero1_m2": (4, 1, 1, 1, 2), "zero2_m2": (4, 1, 2, 1, 2), "fsdp_m2": (4, 1, 3, 1, 2)}
 BATCH = 16
-MICRO_BATCHES = 2      # per step and pipeline, when pp > 1
 
 # functional collective -> (kind, payload in bytes from the input tensor and the group size)
 _FUNCTIONAL = {
@@ -69,15 +74,14 @@ class CollectiveCounter(CommCounter):
 
 
 def config_of(name: str) -> Config:
-    dp, tp, zero, pp = CONFIGS[name]
-    m = MICRO_BATCHES if pp > 1 else 1
+    dp, tp, zero, pp, m = CONFIGS[name]
     return Config(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=BATCH // (dp * m), global_batch=BATCH)
 
 
 def build(name: str, cfg: dict):
     """(model, dp index of this rank) for one configuration on the 4 ranks, on this rank's device."""
     ctx = context()
-    dp, tp, zero, _ = CONFIGS[name]
+    dp, tp = CONFIGS[name][:2]
     model = workload.build_model(cfg, 0, ctx.device)
     if name == "ddp":
         return DDP(model, device_ids=ctx.device_ids), dist.get_rank()
@@ -94,7 +98,7 @@ def measure_pipeline(name: str) -> dict:
     from torch.distributed.pipelining import PipelineStage
     from source_code.mesh.pipeline3d import all_reduce_grads, make_schedule
     from source_code.pipeline.stages import TransformerStage
-    dp, _, _, pp = CONFIGS[name]
+    dp, _, _, pp, micro_batches = CONFIGS[name]
     device = context().device
     mesh = init_device_mesh(device.type, (pp, dp), mesh_dim_names=("pp", "dp"))
     s, me = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
@@ -103,7 +107,7 @@ def measure_pipeline(name: str) -> dict:
     x, y = workload.global_batch(workload.sort_task(n=64), 0, BATCH)
     xs, ys = (t.to(device) for t in workload.rank_slice((x, y), me, dp))
     count = int((y != -100).sum())
-    schedule = make_schedule(stage, MICRO_BATCHES, lambda out, tgt: lm_loss(out, tgt, count))
+    schedule = make_schedule(stage, micro_batches, lambda out, tgt: lm_loss(out, tgt, count))
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
 
     def step():
@@ -123,9 +127,49 @@ def measure_pipeline(name: str) -> dict:
     return out
 
 
+def measure_accumulated(name: str) -> dict:
+    """One step of 2 micro-batches per rank, ZeRO-1/2 (AccumulatingZero) or ZeRO-3 (FSDP2)."""
+    from source_code.planner.accumulation import AccumulatingZero
+    dp, _, zero, _, m = CONFIGS[name]
+    device = context().device
+    model = workload.build_model(workload.model_config(), 0, device)
+    if zero == 3:
+        model = apply_fsdp(model, init_device_mesh(device.type, (dp,)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        opt = AccumulatingZero(model, stage=zero, lr=1e-3)
+    x, y = workload.global_batch(workload.sort_task(n=64), 0, BATCH)
+    xs, ys = (t.to(device) for t in workload.rank_slice((x, y), dist.get_rank(), dp))
+    count, saved = int((y != -100).sum()), []
+
+    def pack(t):
+        if not isinstance(t, nn.Parameter):
+            saved.append(t)
+        return t
+
+    activations = None
+    counter = CollectiveCounter(dist.get_world_size())
+    with counter:
+        for xm, ym in zip(xs.chunk(m), ys.chunk(m)):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = lm_loss(model(xm), ym, count)
+            if activations is None:                       # one micro-batch's, as planned
+                activations = tensor_bytes([local(t) for t in saved], exclude=list(model.parameters()))
+            del saved[:]
+            loss.backward()
+        opt.step()
+    out = {**state_bytes(model, opt), "activations": activations,
+           **{k: counter.payload.get(k, 0) for k in ("all_reduce", "all_gather", "reduce_scatter")}}
+    opt.zero_grad()
+    dist.barrier()
+    return out
+
+
 def measure(name: str) -> dict:
     if CONFIGS[name][3] > 1:
         return measure_pipeline(name)
+    if CONFIGS[name][4] > 1:
+        return measure_accumulated(name)
     cfg = workload.model_config()
     dp = CONFIGS[name][0]
     model, me = build(name, cfg)

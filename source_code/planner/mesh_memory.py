@@ -10,7 +10,10 @@ Where each term comes from (the single-strategy version is memory.py):
   LayerNorms, the down bias, embeddings and head stay whole on every tp rank (the workshop's
   plan, source_code/mesh/tp.py);
 * the ZeRO stage of the dp dimension divides optimizer state (>= 1), gradients (>= 2) and
-  parameters (3 = FSDP) by dp (memory.SHARDED);
+  parameters (3 = FSDP) by dp (memory.SHARDED). With gradient accumulation over m
+  micro-batches ZeRO-1 holds the full gradients until the step's one reduce-scatter, ZeRO-2
+  and 3 keep 1/dp because they reduce-scatter after every micro-batch (communication.py
+  charges that traffic: memory and bytes on the wire describe the same variant);
 * activations per token and block, counted for the TransformerLM in memory.activation_bytes:
   4h + 4 values stay whole under TP (block input, the LayerNorms' inputs, outputs and
   statistics), 12h + heads values are cut by tp (q, k, v, attention output, log-sum-exp, the

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.errors import LaunchError, run_main
-from source_code.planner.search import (Plan, activations_both_ways, describe_comm, describe_memory,
-                                       evaluate, search)
+from source_code.planner.search import (ZERO_VARIANTS, Plan, activations_both_ways, describe_comm,
+                                       describe_memory, evaluate, search)
 from source_code.planner.spec import GB, PRECISIONS, PRESETS, Cluster, Config, Model, model_from
 
 CLUSTERS = {  # per GPU: memory, bandwidth inside a node and the network share between nodes
@@ -37,9 +37,22 @@ def cluster_of(name: str, nodes: int, **override) -> Cluster:
     return Cluster(gpus=nodes * spec["gpus_per_node"], **spec)
 
 
-def baseline(model: Model, cluster: Cluster, zero: int, gb: int, mb: int, prec: str) -> Plan:
-    return evaluate(model, Config(dp=cluster.gpus, zero=zero, micro_batch=mb, global_batch=gb),
-                    cluster, prec)
+def baseline(model: Model, cluster: Cluster, zero: int, gb: int, mb: int, prec: str,
+             checkpointing: bool = False) -> Plan:
+    return evaluate(model, Config(dp=cluster.gpus, zero=zero, micro_batch=mb, global_batch=gb,
+                                  checkpointing=checkpointing), cluster, prec)
+
+
+def assumptions(cluster: Cluster, precision: str = "bf16") -> list[str]:
+    """The numbers the ranking rests on, as lines (every one a flag of this command)."""
+    p = PRECISIONS[precision]
+    return [f"  assumes: {cluster.tflops:g} TFLOP/s sustained per GPU (--tflops) on 6 x parameters "
+            f"+ 12 x layers x seq x hidden FLOPs per token, x 4/3 with checkpointing, / (1 - pipeline "
+            f"bubble); {cluster.intra_gbps:g} GB/s per GPU inside a node, {cluster.inter_gbps:g} GB/s "
+            f"between nodes (--intra-gbps, --inter-gbps), no overlap with compute, no latency; "
+            f"{cluster.usable:.0%} of {cluster.gpu_mem_gb:g} GB usable; {p.param}+{p.grad}+"
+            f"{p.optimizer} bytes per parameter ({precision})",
+            "  ZeRO as assumed in memory and traffic alike: " + "; ".join(ZERO_VARIANTS[z] for z in (1, 2, 3))]
 
 
 def explain(model: Model, cluster: Cluster, micro_batch: int = 1, global_batch: int = GLOBAL_BATCH,
@@ -52,12 +65,18 @@ def explain(model: Model, cluster: Cluster, micro_batch: int = 1, global_batch: 
              f"{cluster.gpu_mem_gb:g} GB ({cluster.gpus} GPUs)"]
     per_param = PRECISIONS[precision]
     states = model.params() * (per_param.param + per_param.grad + per_param.optimizer) / GB
+    lines += assumptions(cluster, precision)
     lines.append(f"  weights + gradients + Adam state: {states:.0f} GB in all, "
                  f"{states / cluster.gpus:.1f} GB per GPU if perfectly sharded")
     for zero, name in ((0, "DDP"), (3, "FSDP (ZeRO-3)")):
         b = baseline(model, cluster, zero, global_batch, micro_batch, precision)
-        lines.append(f"  pure {name} over {cluster.gpus} GPUs: " +
-                     (f"fits, {describe_memory(b)}; {describe_comm(b)}" if b.fits else b.reason))
+        line = f"  pure {name} over {cluster.gpus} GPUs: " + (
+            f"fits, {describe_memory(b)}; {describe_comm(b)}" if b.fits else b.reason)
+        if not b.fits:
+            c = baseline(model, cluster, zero, global_batch, micro_batch, precision, True)
+            line += ("; with checkpointing " + (f"fits, {describe_memory(c)}; {describe_comm(c)}"
+                                                 if c.fits else c.reason.split(" > ")[0]))
+        lines.append(line)
     if not fit:
         lines.append("  nothing fits: more GPUs, a smaller micro-batch or a shorter sequence")
         return {"best": None, "lines": lines, "fit": fit, "fail": fail}
@@ -66,6 +85,12 @@ def explain(model: Model, cluster: Cluster, micro_batch: int = 1, global_batch: 
     lines.append(f"        ({activations_both_ways(model, best.cfg, precision)} on stage 0)")
     lines.append(f"        {describe_comm(best)}"
                  + (f"; pipeline bubble {best.bubble:.0%}" if best.cfg.pp > 1 else ""))
+    lines += [f"        note: {n}" for n in best.notes]
+    if best.notes:
+        plain = next((p for p in fit if not p.notes), None)
+        if plain is not None:
+            lines.append(f"  best plan without that note: {plain.cfg.label()}: {describe_memory(plain)}; "
+                         f"step ~{plain.step_s:.1f} s")
     dp_only = [p for p in fit if p.cfg.tp == 1 and p.cfg.pp == 1]
     if dp_only and dp_only[0] is not best:
         d = dp_only[0]
@@ -88,7 +113,12 @@ def table(fit: list[Plan], fail: list[Plan], top: int, show_all: bool) -> list[s
         t = p.totals()
         out.append(f"{p.cfg.label():42s} {p.memory['total'] / GB:7.1f} {t['all_reduce'] / GB:7.2f} "
                    f"{t['all_gather'] / GB:7.2f} {t['reduce_scatter'] / GB:7.2f} {t['send_recv'] / GB:7.2f} "
-                   f"{t['intra'] / GB:7.2f} {t['inter'] / GB:7.2f} {p.comm_s:7.2f} {p.bubble:6.0%} {p.step_s:7.1f}")
+                   f"{t['intra'] / GB:7.2f} {t['inter'] / GB:7.2f} {p.comm_s:7.2f} {p.bubble:6.0%} {p.step_s:7.1f}"
+                   + (" *" if p.notes else ""))
+    shown = fit[:None if show_all else top]
+    if any(p.notes for p in shown):
+        out.append("* " + next(p for p in shown if p.notes).notes[0].split(":")[0]
+                   + ": every micro-batch would reduce-scatter (ZeRO-3: and all-gather)")
     if len(fit) > top and not show_all:
         out.append(f"... and {len(fit) - top} more that fit (--all lists them)")
     out.append(f"do not fit or cannot be built ({len(fail)}):")
@@ -166,6 +196,10 @@ def main(argv=None):
                      checkpointing=args.checkpointing)
         plan = evaluate(model, cfg, cluster, args.precision)
         print(f"{cfg.label()}: " + ("fits, " + describe_memory(plan) if plan.fits else plan.reason))
+        print(f"  assumes {ZERO_VARIANTS[cfg.zero]}; {cfg.micro_batches} micro-batch(es) per step "
+              "and pipeline")
+        for note in plan.notes:
+            print(f"  note: {note}")
         if plan.memory:
             print(f"  {activations_both_ways(model, cfg, args.precision)} on stage 0")
         if plan.comm:

@@ -17,6 +17,19 @@ from source_code.planner.spec import GB, PRECISIONS, Cluster, Config, Model
 
 NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
          "activations": "activations", "buffers": "gathered blocks"}
+# the variant of each ZeRO stage that the memory (mesh_memory) and the traffic (communication)
+# both assume, for m micro-batches per step
+ZERO_VARIANTS = {
+    0: "DDP: full gradients accumulated over the micro-batches, one all-reduce per step",
+    1: "ZeRO-1: full gradients accumulated over the micro-batches, one reduce-scatter per step",
+    2: "ZeRO-2: 1/dp of the gradients kept, a reduce-scatter after every micro-batch "
+       "(DeepSpeed's ZeRO-2)",
+    3: "ZeRO-3 (FSDP2): 1/dp of everything, an all-gather before every forward and backward "
+       "and a reduce-scatter after every micro-batch",
+}
+PIPELINE_ZERO_NOTE = ("DeepSpeed's pipeline engine refuses ZeRO-2/3 with pp > 1: with {m} "
+                      "micro-batches per step it would reduce-scatter the gradients {m} times"
+                      "{gathers} instead of once")
 
 
 @dataclass
@@ -47,6 +60,16 @@ class Plan:
 
     def totals(self) -> dict:
         return communication.totals(self.comm)
+
+    @property
+    def notes(self) -> list[str]:
+        """What a framework would say about this plan (empty: nothing)."""
+        cfg = self.cfg
+        if cfg.pp > 1 and cfg.dp > 1 and cfg.zero >= 2:
+            gathers = (f" (and all-gather the parameters {2 * cfg.micro_batches} times)"
+                       if cfg.zero == 3 else "")
+            return [PIPELINE_ZERO_NOTE.format(m=cfg.micro_batches, gathers=gathers)]
+        return []
 
 
 def structural_reason(model: Model, cfg: Config, cluster: Cluster) -> str:

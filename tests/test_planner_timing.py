@@ -1,0 +1,19 @@
+"""The step-time model's comparison with a measured run (the run itself is in notebook 11)."""
+from source_code.planner import timing
+
+
+def _measured(step_s):
+    return {"step_s": step_s, "tflops": 0.02, "gbps": 0.3, "world": 4, "micro_batches": 4, "seq": 32}
+
+
+def test_planned_order_grows_with_the_traffic_of_the_zero_stage():
+    want = timing.predict(_measured({1: 1, 2: 1, 3: 1}))
+    assert want[1] < want[2] < want[3]
+
+
+def test_order_check_fails_when_the_measurement_disagrees():
+    ok = timing.compare(_measured({1: 0.18, 2: 0.30, 3: 0.60}))
+    assert ok["order_holds"] and ok["measured_order"] == [1, 2, 3]
+    bad = timing.compare(_measured({1: 0.18, 2: 0.70, 3: 0.60}))
+    assert not bad["order_holds"] and bad["measured_order"] == [1, 3, 2]
+    assert "DIFFERENT" in timing.format_lines(_measured({1: 0.18, 2: 0.70, 3: 0.60}), bad)[-1]
