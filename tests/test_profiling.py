@@ -265,3 +265,11 @@ def test_loader_figure_names_the_all_reduce_only_with_several_processes():
         fig = figures.loader_figure({"a": {**run, "world_size": world}})
         labels = fig.axes[0].get_legend_handles_labels()[1]
         assert ("all-reduce" in " ".join(labels)) is named and any("optimizer step" in x for x in labels)
+
+
+def test_detail_fingerprints_own_first_then_the_other_ranks():
+    msg = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+           "CollectiveFingerPrint(SequenceNumber=5, OpType=ALLREDUCE, TensorShape=[1000], TensorDtypes=Float), "
+           "but Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=REDUCE).")
+    assert hang.fingerprints(msg) == [{"rank": 0, "seq": 5, "op": "ALLREDUCE"}, {"rank": 1, "seq": 0, "op": "REDUCE"}]
+    assert hang.fingerprints("Timed out waiting 5000ms for recv operation to complete") == []

@@ -9,7 +9,8 @@ all-reduce that rank 0 makes. Every later all-reduce of rank 0 pairs with the NE
 (same shapes: nothing notices), until rank 0's last all-reduce has no partner and waits, while
 rank 1 waits in the barrier. Without a timeout that wait lasts 30 minutes (gloo's default; NCCL's
 is 10): here ``--timeout`` seconds, then each rank reports, dumps its flight recorder
-(TORCH_FR_BUFFER_SIZE), and rank 0 compares the dumps. The process exits 0 when the drill went
+(TORCH_FR_BUFFER_SIZE) and writes what it saw (result_rankN.json), and rank 0 compares the
+dumps. The process exits 0 when the drill went
 as designed (the summary says hang_detected=1); a real job would stop with an error there.
 
 The drill runs on the CPU with gloo on every machine, also inside a GPU job: ``main`` sets
@@ -79,6 +80,17 @@ def clean(message: str) -> str:
     return first.split("Collectives differ in the following aspects")[0].strip()
 
 
+FINGERPRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+),?\s*OpType=(\w+)")
+
+
+def fingerprints(message: str) -> list[dict]:
+    """The operations a DETAIL mismatch message names, in its order: first this rank's own, then
+    what it says of the other rank: [{"rank", "seq", "op"}, ...] ([] for any other message).
+    Only the first can be trusted: the second is decoded from what the check exchanged, and in
+    the drill it names an operation (seq 0, GATHER or REDUCE) that the other rank did not run."""
+    return [{"rank": int(r), "seq": int(n), "op": op} for r, n, op in FINGERPRINT.findall(message)]
+
+
 def drill(args) -> dict:
     ctx = setup(launch_hint=LAUNCH, timeout_s=args.timeout)
     start = time.perf_counter()
@@ -87,12 +99,14 @@ def drill(args) -> dict:
         out["made"] = training_loop(args.steps, args.skip_at, args.fixed)
         out["hang"] = False
     except Exception as exc:  # DistBackendError / RuntimeError: timeout or detected mismatch
-        out.update(hang=True, error=clean(str(exc)), error_type=type(exc).__name__)
+        out.update(hang=True, error=clean(str(exc)), error_type=type(exc).__name__,
+                   fingerprints=fingerprints(str(exc)))
     out["seconds"] = time.perf_counter() - start
     fr = flight_recorder.dump()
     Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     if fr is not None:
         (Path(args.trace_dir) / f"fr_rank{ctx.rank}.json").write_text(json.dumps(fr))
+    (Path(args.trace_dir) / f"result_rank{ctx.rank}.json").write_text(json.dumps(out))  # for the notebook
     cleanup(barrier=not out["hang"])  # a broken group: no barrier, just tear it down
     return out
 
@@ -121,7 +135,7 @@ def main(argv=None):
     if note and (ranks_from_env() or (0,))[0] == 0:
         print(note, flush=True)
     if (ranks_from_env() or (0,))[0] == 0:  # old dumps would be read as this run's
-        for stale in Path(args.trace_dir).glob("fr_rank*.json"):
+        for stale in [*Path(args.trace_dir).glob("fr_rank*.json"), *Path(args.trace_dir).glob("result_rank*.json")]:
             stale.unlink(missing_ok=True)
     r = drill(args)
     if r["hang"]:  # every rank says what it saw, in one write (lines of 2 ranks must not mix)
