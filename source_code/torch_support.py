@@ -91,7 +91,7 @@ def run_one(launcher: str, nproc: int, module: str, args: str, tmp: Path, timeou
             summary = [ln for ln in res.stdout.splitlines() if ln.startswith("summary:")]
             return "wrong", f"{meaning}: {summary[-1] if summary else res.stdout.strip()[-200:]}"
         return "ok", ""
-    if res.returncode == 2 and errors:
+    if errors:  # a one-line refusal (exit 2; torchrun itself then exits 1)
         return "refused", errors[0]
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
     causes = [m.group(0) for m in map(ERROR_LINE.match, lines) if m and "ChildFailedError" not in m.group(0)]

@@ -56,7 +56,7 @@ def supported(feature: str, device="cpu") -> bool:
 def refusal(feature: str) -> str:
     need = NEEDS[feature]
     where = " (GPUs with NCCL run it on this torch)" if need.cpu_only else ""
-    return (f"error: {need.what} needs torch {need.version[0]}.{need.version[1]} or newer, this is "
+    return (f"error: {need.what}: needs torch {need.version[0]}.{need.version[1]} or newer, this is "
             f"{torch.__version__}{where}: {need.why}; load a newer PyTorch module or use the workshop's "
             "environment (make venv)")
 

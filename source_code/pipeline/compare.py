@@ -30,8 +30,10 @@ LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.compa
 
 def run(ctx, args) -> dict:
     work = harness.Workload(layers=args.layers, dim=args.dim, microbatch=args.rows)
-    names = ["gpipe", "1f1b"] + [n for n in library.available()
+    names = ["gpipe", "1f1b"] + [n for n in library.available(ctx.device)
                                  if args.layers >= library.n_stages(n, ctx.world_size)]
+    for name in sorted(set(library.provided()) - set(library.available(ctx.device))):
+        print0(f"note: {name} left out: {library.refusal(name, ctx.device).removeprefix('error: ')}")
     diffs = {}
     for name in names:
         res = harness.parity(name, args.microbatches, work)

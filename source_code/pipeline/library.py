@@ -11,14 +11,17 @@ put one stage on each rank; multi-stage ones cut the model into 2p stages, two p
 looped for Interleaved1F1B (rank r holds stages r and r + p) and V-shaped for ZBVZeroBubble
 (rank r holds stages r and 2p - 1 - r, so rank 0 holds the first and the last).
 
-Schedule classes that this torch does not have (older releases) are skipped, said by
-``available()``.
+Schedule classes that this torch does not have (older releases), and schedules an older torch
+hangs or fails in on gloo (source_code/torch_versions.py), are left out by ``available()``;
+``refusal`` says why in one line.
 """
 from __future__ import annotations
 
 import inspect
 
 import torch
+
+from source_code import torch_versions
 
 LIBRARY = {  # our name -> (class name in torch.distributed.pipelining, stages per rank, layout)
     "lib-gpipe": ("ScheduleGPipe", 1, "single"),
@@ -29,13 +32,43 @@ LIBRARY = {  # our name -> (class name in torch.distributed.pipelining, stages p
 }
 
 
-def available() -> list[str]:
-    """The library schedules this torch provides."""
+# what a schedule needs beyond its class (source_code/torch_versions.py: measured per torch)
+NEEDS = {"lib-1f1b": "pipelining", "lib-interleaved-1f1b": "pipelining",
+         "lib-zero-bubble": "pipelining", "lib-zbv": "zbv"}
+
+
+def _device(device):
+    if device is not None:
+        return device
+    from source_code import device_policy, distributed
+    try:
+        return distributed.context().device
+    except RuntimeError:  # before the group forms: what the policy would choose here
+        return device_policy.choose(0, 1).device
+
+
+def provided() -> list[str]:
+    """The library schedules whose classes this torch has."""
     try:
         import torch.distributed.pipelining as pp
     except ImportError:
         return []
     return [name for name, (cls, _, _) in LIBRARY.items() if hasattr(pp, cls)]
+
+
+def available(device=None) -> list[str]:
+    """The library schedules this torch provides and runs on ``device`` (default: this process's):
+    on the CPU with gloo older torches hang or fail in some (torch_versions.NEEDS)."""
+    device = _device(device)
+    return [n for n in provided() if n not in NEEDS or torch_versions.supported(NEEDS[n], device)]
+
+
+def refusal(name: str, device=None) -> str:
+    """The one line for a library schedule this torch cannot run here."""
+    if name in provided() and name in NEEDS:
+        return torch_versions.refusal(NEEDS[name])
+    return (f"error: --schedule {name} is not in torch {torch.__version__}; choose one of "
+            f"{', '.join(available(device))}")
 
 
 def stage_ids(name: str, rank: int, p: int) -> list[int]:

@@ -45,8 +45,7 @@ def check_args(args, world: int) -> None:
     if args.schedule not in SUPPORTED:
         raise LaunchError(f"error: --schedule {args.schedule!r} unknown; choose one of {', '.join(SUPPORTED)}")
     if args.schedule.startswith("lib-") and args.schedule not in library.available():
-        raise LaunchError(f"error: --schedule {args.schedule} needs a newer torch than {torch.__version__}; "
-                          f"choose one of {', '.join(OWN + tuple(library.available()))}")
+        raise LaunchError(library.refusal(args.schedule))
     if world < 2:
         raise LaunchError(f"error: a pipeline needs at least 2 processes (one per stage); run: {LAUNCH}")
     if args.schedule == "naive" and args.microbatches != 1:
