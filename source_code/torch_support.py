@@ -61,7 +61,8 @@ ENTRY_POINTS = [
 ]
 NEEDS = {"lightning_train": "lightning", "accelerate_train": "accelerate", "deepspeed_train": "deepspeed"}
 # an exit status 0 is not enough where a script could end well and still be wrong
-EXPECT = {"source_code.profiling.hang": (r"mismatch_at=[1-9]", "the flight recorders found no mismatch")}
+EXPECT = {"source_code.profiling.hang": (r"mismatch_at=[1-9]|flight recorder: .* needs torch",
+                                         "the flight recorders found no mismatch")}
 ERROR_LINE = re.compile(r"^\s*(\[rank\d+\]: )?((\w+\.)*\w*(Error|Exception)\b|FAILED: ).*")
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+from source_code import torch_versions
+from source_code.errors import run_main
 from source_code.planner import communication, mesh_memory
 from source_code.planner.measured import CONFIGS, config_of, measure_all
 from source_code.planner.spec import PRESETS
@@ -66,6 +68,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tol", type=float, default=0.10)
     args = p.parse_args(argv)
+    torch_versions.require("fsdp2", "cpu")  # the counted runs shard with FSDP2 on the CPU
     rows = run()
     print("\n".join(format_table(rows)))
     worst = max(r["rel_error"] for r in rows)
@@ -75,4 +78,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -37,8 +37,11 @@ def dump(backend: str = "gloo") -> dict | None:
 
 
 def unavailable_reason() -> str:
-    return (f"torch {torch.__version__} has no flight recorder for this backend (gloo: torch >= 2.8; "
-            "NCCL: TORCH_NCCL_TRACE_BUFFER_SIZE on older versions)")
+    from source_code import torch_versions
+    if not torch_versions.supported("flight-recorder", "cpu"):
+        return torch_versions.refusal("flight-recorder").removeprefix("error: ")
+    return (f"torch {torch.__version__} has no flight recorder for this backend (NCCL: "
+            "TORCH_NCCL_TRACE_BUFFER_SIZE on older versions)")
 
 
 def collectives(fr: dict) -> list[dict]:

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from source_code.cli import Parser, nonnegative_int, positive_float, positive_int, writable_path
 from source_code.distributed import cleanup, ranks_from_env, run_main, setup
+from source_code import torch_versions
 from source_code.profiling import flight_recorder
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.profiling.hang"
@@ -145,6 +146,9 @@ def main(argv=None):
     if r["rank"] != 0:
         return 0
     dumps = gather_dumps(args.trace_dir, r["world_size"], args.timeout + 10) if r["hang"] else {}
+    if dumps and not torch_versions.supported("flight-recorder", "cpu"):  # empty: "agree" would mislead
+        dumps = {}
+        print("flight recorder: " + torch_versions.refusal("flight-recorder").removeprefix("error: "))
     if r["hang"]:
         if "mismatch" in r["error"]:
             print(f"hang detected: TORCH_DISTRIBUTED_DEBUG={r['debug']} compared the ranks' next "

@@ -26,6 +26,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from source_code import torch_versions
 from source_code.models import TransformerLM
 from source_code.sharding.workload import init_weights
 
@@ -38,6 +39,7 @@ except ImportError:  # pragma: no cover - torch < 2.6
 def shard_model(model: TransformerLM, mesh, reshard_after_forward: bool = True,
                 mp_policy: MixedPrecisionPolicy | None = None) -> TransformerLM:
     """fully_shard each block, then the root (embeddings, final norm, head)."""
+    torch_versions.require("fsdp2", mesh.device_type)  # an older torch on the CPU: one line, not a crash
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     inner = {}
     if mp_policy is not None:
