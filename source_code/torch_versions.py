@@ -49,7 +49,7 @@ def version() -> tuple[int, int]:
 
 def supported(feature: str, device="cpu") -> bool:
     need = NEEDS[feature]
-    on_cpu = torch.device(device).type == "cpu"
+    on_cpu = device != "auto" and torch.device(device).type == "cpu"  # "auto": processes.spawn's GPU choice
     return version() >= need.version or (need.cpu_only and not on_cpu)
 
 

@@ -31,3 +31,8 @@ def test_the_runner_tells_refusals_from_failures(tmp_path: Path):
     assert verdict == "refused" and detail.startswith("error: no launcher found")
     verdict, detail = torch_support.run_one("python", 1, "source_code.no_such_module", "", tmp_path, 60)
     assert verdict == "FAIL" and "No module named" in detail
+
+
+def test_the_processes_device_auto_counts_as_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    assert torch_versions.supported("fsdp2", "auto") and not torch_versions.supported("fsdp2", "cpu")

@@ -29,6 +29,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from source_code import torch_versions
+from source_code.errors import run_main
 from source_code.distributed import context
 from source_code.planner import memory as planner
 from source_code.sharding import workload
@@ -178,6 +180,7 @@ def main(argv=None):
         p.error("--dim must be a multiple of 4 (the attention heads)")
     torch.set_num_threads(1)
     device, line = table_device(args.world_sizes)
+    torch_versions.require("fsdp2", device)  # before any process starts: one line on an older torch
     print(line)
     rows = measure(args.world_sizes, workload.model_config(dim=args.dim, n_layers=args.layers),
                    args.batch_size, device=device)
@@ -194,4 +197,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)
