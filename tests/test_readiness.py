@@ -4,7 +4,9 @@ import pytest
 from source_code import readiness
 
 
-def test_every_requirement_is_met_or_not_needed_on_this_machine(capsys):
+def test_every_requirement_is_met_or_not_needed_on_this_machine(capsys, monkeypatch):
+    # where sbatch is installed (the suite's local cluster), the site profile must be named
+    monkeypatch.setenv("WORKSHOP_SITE", "local")
     assert readiness.main([]) == 0
     out = capsys.readouterr().out
     for name in readiness.CHECKS:
@@ -30,3 +32,10 @@ def test_an_old_torch_is_a_fix_not_a_crash(monkeypatch, capsys):
 def test_unknown_check_is_refused():
     with pytest.raises(SystemExit):
         readiness.main(["--only", "coffee"])
+
+
+def test_a_login_node_without_a_site_profile_is_told_to_name_one(monkeypatch, capsys):
+    monkeypatch.setattr(readiness.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.delenv("WORKSHOP_SITE", raising=False)
+    assert readiness.main(["--only", "Slurm and site"]) == 1
+    assert "export WORKSHOP_SITE=" in capsys.readouterr().out

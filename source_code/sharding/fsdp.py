@@ -39,7 +39,8 @@ except ImportError:  # pragma: no cover - torch < 2.6
 def shard_model(model: TransformerLM, mesh, reshard_after_forward: bool = True,
                 mp_policy: MixedPrecisionPolicy | None = None) -> TransformerLM:
     """fully_shard each block, then the root (embeddings, final norm, head)."""
-    torch_versions.require("fsdp2", mesh.device_type)  # an older torch on the CPU: one line, not a crash
+    where = mesh.device_type if mesh is not None else next(model.parameters()).device.type
+    torch_versions.require("fsdp2", where)  # an older torch on the CPU: one line, not a crash
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     inner = {}
     if mp_policy is not None:
