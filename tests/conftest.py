@@ -65,34 +65,3 @@ def submit(cluster, tmp_path):
         print(f"job {job.id} {script}: {job.state} in {job.seconds:.1f} s\n{job.output[-3000:]}")
         return job
     return run
-
-
-# --------------------------------------------------------------- where the suite's time went
-NOTEBOOK_BUDGET_S = 120  # design.md: every notebook under 2 minutes on 2 CPU cores
-_durations: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report):
-    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
-
-
-def pytest_terminal_summary(terminalreporter):
-    """A short table at the end of every run: seconds by file, the ten slowest tests, and each
-    notebook's time beside the 2 minutes it is meant to take (a report, not a timed test)."""
-    if not _durations:
-        return
-    by_file: dict[str, float] = {}
-    for nodeid, seconds in _durations.items():
-        path = nodeid.split("::")[0]
-        by_file[path] = by_file.get(path, 0.0) + seconds
-    tr = terminalreporter
-    tr.section("where the time went")
-    tr.write_line(f"{sum(by_file.values()):8.1f} s in all, {len(_durations)} tests")
-    for path, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:15]:
-        budget = ""
-        if path.endswith(".ipynb"):
-            budget = f"   (stated: under {NOTEBOOK_BUDGET_S} s{'; OVER' if seconds > NOTEBOOK_BUDGET_S else ''})"
-        tr.write_line(f"{seconds:8.1f} s  {path}{budget}")
-    tr.write_line("slowest tests:")
-    for nodeid, seconds in sorted(_durations.items(), key=lambda kv: -kv[1])[:10]:
-        tr.write_line(f"{seconds:8.1f} s  {nodeid}")

@@ -146,8 +146,9 @@ def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(su
     # 2-minute limit, USR1 60 s before it: an early USR1 (Slurm's timer; the stale one a requeued
     # run gets at its start) arms a timer for 60 s before the limit; the trap waits for the epoch
     # in progress to be saved, then requeues: same id, same log (--open-mode=append). Every run
-    # trains for about a minute minus its start-up; 1800 epochs take 60-180 s here (2-4 runs).
-    ckpt, epochs = tmp_path / "snap.pt", 1800
+    # trains for about a minute minus its start-up; 3600 epochs of one step take 90-180 s here
+    # (2-4 runs; 1800 once finished in 48 s, inside the first run, and nothing was requeued).
+    ckpt, epochs = tmp_path / "snap.pt", 3600
     job = submit("ddp_fault_tolerant.slurm", "--epochs", str(epochs), "--max-steps", "1",
                  env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "20",
                       "REQUEUE_LEAD": "60"},
