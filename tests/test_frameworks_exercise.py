@@ -1,4 +1,4 @@
-"""Notebook 13's exercise: the reference Accelerate loop passes the check, typical wrong answers fail.
+"""Notebook 16's exercise: the reference Accelerate loop passes the check, typical wrong answers fail.
 
 All loops run in ONE torchrun launch of 2 processes (exercises.run_loops), then each report is
 judged: the check the notebook calls is judge(run_loops([fn])[0]).
@@ -7,7 +7,7 @@ import pytest
 import torch.nn.functional as F
 
 from source_code.frameworks import exercises
-from source_code.solutions import nb13_frameworks
+from source_code.solutions import nb16_frameworks
 
 
 def no_prepare(accelerator, model, optimizer, loader, epochs):  # the plain loop, unchanged
@@ -67,7 +67,7 @@ WRONG = [(no_prepare, "different weights|never prepared"),
 
 @pytest.fixture(scope="module")
 def reports():
-    fns = [nb13_frameworks.accelerate_loop, todo] + [fn for fn, _ in WRONG]
+    fns = [nb16_frameworks.accelerate_loop, todo] + [fn for fn, _ in WRONG]
     return dict(zip([fn.__name__ for fn in fns], exercises.run_loops(fns)))
 
 

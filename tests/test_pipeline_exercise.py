@@ -1,12 +1,12 @@
-"""Notebook 09's exercise: the reference 1F1B order passes the check, typical wrong answers fail."""
+"""Notebook 10's exercise: the reference 1F1B order passes the check, typical wrong answers fail."""
 import pytest
 
 from source_code.pipeline.exercises import check_1f1b_order, run_for_real
-from source_code.solutions import nb09_pipeline
+from source_code.solutions import nb10_pipeline
 
 
 def test_solution_passes():
-    assert check_1f1b_order(nb09_pipeline.one_f_one_b).startswith("correct")
+    assert check_1f1b_order(nb10_pipeline.one_f_one_b).startswith("correct")
 
 
 def gpipe(p, m, s):  # all forwards, then all backwards: right result, m activations stored
@@ -61,7 +61,7 @@ def test_unfinished_answer_is_reported():
 
 @pytest.mark.parity
 def test_solution_runs_for_real():
-    res = run_for_real(nb09_pipeline.one_f_one_b, p=2, m=4)
+    res = run_for_real(nb10_pipeline.one_f_one_b, p=2, m=4)
     assert res["executed"] == res["orders"]          # the processes ran exactly these orders
     assert res["peak_in_flight"] == [2, 1]           # min(p - s, m)
     assert res["tol"] == 1e-6 and res["grad_diff"] <= res["tol"] and res["loss_diff"] <= res["tol"]

@@ -1,12 +1,12 @@
-"""Notebook 11's exercise: the reference mesh passes the check, typical wrong meshes fail with a hint."""
+"""Notebook 12's exercise: the reference mesh passes the check, typical wrong meshes fail with a hint."""
 import pytest
 
 from source_code.planner.exercises import check_mesh
-from source_code.solutions import nb11_mesh
+from source_code.solutions import nb12_mesh
 
 
 def test_solution_passes():
-    assert check_mesh(nb11_mesh.my_mesh()).startswith("correct")
+    assert check_mesh(nb12_mesh.my_mesh()).startswith("correct")
 
 
 @pytest.mark.parametrize("wrong, message", [

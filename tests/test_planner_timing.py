@@ -1,4 +1,4 @@
-"""The step-time model's comparison with a measured run (the run itself is in notebook 11)."""
+"""The step-time model's comparison with a measured run (the run itself is in notebook 12)."""
 from source_code.planner import timing
 
 

@@ -1,11 +1,11 @@
-"""Notebook 12's exercise: the slow run's diagnosis. The reference solution passes; the typical
+"""Notebook 15's exercise: the slow run's diagnosis. The reference solution passes; the typical
 wrong answers (the model's computation, the host sync, a fix that does not move the loading, a
 fix that removes work) fail with a hint; a TODO says the exercise is not done."""
 import pytest
 
 from source_code.profiling import exercises, slow_run
 from source_code.profiling.exercises import check_diagnosis
-from source_code.solutions import nb12_bottleneck as solution
+from source_code.solutions import nb15_bottleneck as solution
 
 
 @pytest.fixture(scope="module")

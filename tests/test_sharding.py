@@ -7,7 +7,7 @@ from source_code.planner import memory as planner
 from source_code.sharding import comm, workload
 from source_code.sharding.exercises import check_predict_bf16_state_bytes
 from source_code.sharding.mixed_precision import bf16_step_bytes
-from source_code.solutions import nb08_sharding
+from source_code.solutions import nb09_sharding
 
 
 def test_planner_zero_table():
@@ -54,7 +54,7 @@ def test_global_batch_is_world_size_free():
 
 
 def _solution(n, world, strategy):
-    return nb08_sharding.predict_bf16_state_bytes(n, world, strategy)
+    return nb09_sharding.predict_bf16_state_bytes(n, world, strategy)
 
 
 def test_counted_bf16_step_is_2_2_12_bytes_per_parameter():

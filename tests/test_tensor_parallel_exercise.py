@@ -1,4 +1,4 @@
-"""Notebook 10's exercise: the reference row-parallel forward passes, typical wrong answers fail
+"""Notebook 11's exercise: the reference row-parallel forward passes, typical wrong answers fail
 with the hint that fits them."""
 import functools
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from source_code.tensor_parallel import exercises
-from source_code.solutions.nb10_tensor_parallel import ReferenceReduceFromTP, reference_row_parallel_forward
+from source_code.solutions.nb11_tensor_parallel import ReferenceReduceFromTP, reference_row_parallel_forward
 from source_code.tensor_parallel.exercises import all_reduce, check_row_parallel
 
 

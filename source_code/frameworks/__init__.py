@@ -1,6 +1,6 @@
 """The plain DDP training (source_code/training/ddp.py) in three frameworks, and a comparison.
 
-Lesson files (notebook 13), in reading order:
+Lesson files (notebook 16), in reading order:
 * common.py            -- what every script shares with the plain one: flags, data, sampler,
                           model, summary line, and keeping the frameworks' per-rank chatter out
 * lightning_train.py   -- PyTorch Lightning: DDP, or fully_shard via ModelParallelStrategy
@@ -11,7 +11,7 @@ Lesson files (notebook 13), in reading order:
 Harness, measurements, checks:
 * compare.py    -- runs under torchrun, saved weights compared, lines of code, the table
 * batches.py    -- which examples each process gets: Accelerate's sharding vs DistributedSampler
-* exercises.py  -- notebook 13's exercise (a plain loop made an Accelerate loop) and its check
+* exercises.py  -- notebook 16's exercise (a plain loop made an Accelerate loop) and its check
 
     torchrun --standalone --nproc-per-node=2 -m source_code.frameworks.lightning_train
     torchrun --standalone --nproc-per-node=2 -m source_code.frameworks.accelerate_train

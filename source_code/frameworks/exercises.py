@@ -1,5 +1,5 @@
-"""Notebook 13's exercise: turn the plain training loop into an Accelerate loop, then check it on
-2 real processes (reference solution: source_code/solutions/nb13_frameworks.py).
+"""Notebook 16's exercise: turn the plain training loop into an Accelerate loop, then check it on
+2 real processes (reference solution: source_code/solutions/nb16_frameworks.py).
 
     from source_code.frameworks.exercises import check_accelerate_loop
     check_accelerate_loop(accelerate_loop)   # your function(accelerator, model, optimizer, loader, epochs)

@@ -1,4 +1,4 @@
-"""Notebook 13's figures: who does which part of distributed training, and measured step times."""
+"""Notebook 16's figures: who does which part of distributed training, and measured step times."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -19,7 +19,7 @@ WHO = {  # one column per script, in the order of JOBS
 LABELS = {0: "you", 1: "you, with its help", 2: "the framework"}
 
 
-def responsibility_figure(name: str | None = "13_who_does_what.png"):
+def responsibility_figure(name: str | None = "16_who_does_what.png"):
     names = list(WHO)
     grid = [[WHO[n][j] for n in names] for j in range(len(JOBS))]
     fig, ax = plt.subplots(figsize=(8, 4.2))
@@ -37,7 +37,7 @@ def responsibility_figure(name: str | None = "13_who_does_what.png"):
     return fig
 
 
-def step_time_figure(step_ms: dict, name: str | None = "13_step_times.png"):
+def step_time_figure(step_ms: dict, name: str | None = "16_step_times.png"):
     """Bar chart of milliseconds per step, one bar per run, the plain script's as a line."""
     fig, ax = plt.subplots(figsize=(7, 3))
     labels, values = list(step_ms), list(step_ms.values())

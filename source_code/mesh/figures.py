@@ -1,7 +1,7 @@
-"""Figures of notebook 11, drawn from the mesh object and from real DTensor parameters.
+"""Figures of notebook 12, drawn from the mesh object and from real DTensor parameters.
 
     fig = mesh_figure(info)        # info = layout.describe() of rank 0
-    save_figure(fig, "11_mesh.png")   # images/ only when WORKSHOP_EXPORT_FIGURES=1
+    save_figure(fig, "12_mesh.png")   # images/ only when WORKSHOP_EXPORT_FIGURES=1
 """
 from __future__ import annotations
 

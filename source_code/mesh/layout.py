@@ -17,7 +17,7 @@ shard with its own rank number and the shards are put back together with ``full_
 i.e. by the same collective that gathers the real weight.
 
 ``describe`` builds the mesh and the model on this rank's device (``distributed.context()``):
-the CPU when notebook 11 spawns it with ``device="cpu"``, one GPU per process otherwise.
+the CPU when notebook 12 spawns it with ``device="cpu"``, one GPU per process otherwise.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ The loss of a microbatch is its summed cross-entropy / the global batch's scored
 Every rank computes on its device (``distributed.context().device``), and so does its
 one-process reference: on a node with 8 GPUs one GPU per process (TF32 off, tolerance 1e-5:
 reference.exact), otherwise all 8 on the CPU with gloo (tolerance 1e-6), as the device policy
-decides and says in one line. Notebook 11 spawns ``run_3d`` with ``device="cpu"``.
+decides and says in one line. Notebook 12 spawns ``run_3d`` with ``device="cpu"``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pipeline parallelism: the model cut into stages, one per process, microbatches flowing through.
 
-Lesson files (notebook 09), in reading order:
+Lesson files (notebook 10), in reading order:
 * simulator.py -- schedules as per-stage operation orders (naive, GPipe, 1F1B) and their
                   timelines from per-operation costs; pure Python, no processes
 * more_schedules.py -- interleaved 1F1B (v chunks per rank) and ZB-H1 (backward split into
@@ -18,7 +18,7 @@ Harness, measurements, checks:
                   (every operation a fixed duration) and with one stage slower
 * compare.py   -- own GPipe/1F1B vs the library's schedules, step times in one run
 * figures.py   -- Gantt charts and plots from measured timestamps
-* exercises.py -- check functions of notebook 09's exercise
+* exercises.py -- check functions of notebook 10's exercise
 
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.train --schedule 1f1b
     torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.bubble

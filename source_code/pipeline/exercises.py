@@ -1,4 +1,4 @@
-"""Check functions for notebook 09's exercise (reference solution: source_code/solutions/nb09_pipeline.py).
+"""Check functions for notebook 10's exercise (reference solution: source_code/solutions/nb10_pipeline.py).
 
     from source_code.pipeline.exercises import check_1f1b_order, run_for_real
     check_1f1b_order(my_order)      # against the simulator, for p = 2..4 and m = 1..8

@@ -1,7 +1,7 @@
-"""Figures of notebook 09, drawn from measured timestamps and simulated timelines.
+"""Figures of notebook 10, drawn from measured timestamps and simulated timelines.
 
     fig = gantt_figure({"GPipe": records, "1F1B": records2})
-    save_figure(fig, "09_gantt.png")      # writes images/09_gantt.png only if WORKSHOP_EXPORT_FIGURES=1
+    save_figure(fig, "10_gantt.png")      # writes images/10_gantt.png only if WORKSHOP_EXPORT_FIGURES=1
 
 ``save_figure`` is the shared ``source_code.figures.export``: running the notebook (or its
 tests) never rewrites the tracked copies in images/; export them with WORKSHOP_EXPORT_FIGURES=1.

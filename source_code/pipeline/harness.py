@@ -32,7 +32,7 @@ from source_code.pipeline.comms import StageLink
 from source_code.pipeline.schedules import clock, run_step
 
 
-TOL = 1e-6  # max |gradient or loss - unsplit| in fp32 on the CPU (measured: <= 5e-7, notebook 09)
+TOL = 1e-6  # max |gradient or loss - unsplit| in fp32 on the CPU (measured: <= 5e-7, notebook 10)
 
 
 @dataclass(frozen=True)

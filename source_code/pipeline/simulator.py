@@ -21,7 +21,7 @@ r is virtual stage c p + r), and a backward split into ``("B", i)``, the input's
 its own B only).
 
 The real runs (``schedules.run_step``) execute the orders of naive, GPipe and 1F1B; their
-measured timelines are compared with the simulated ones in notebook 09.
+measured timelines are compared with the simulated ones in notebook 10.
 """
 from __future__ import annotations
 

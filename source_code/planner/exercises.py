@@ -1,4 +1,4 @@
-"""Check function for notebook 11's exercise (reference solution: source_code/solutions/nb11_mesh.py).
+"""Check function for notebook 12's exercise (reference solution: source_code/solutions/nb12_mesh.py).
 
     from source_code.planner.exercises import SCENARIO, check_mesh
     check_mesh({"dp": ..., "tp": ..., "pp": ..., "zero": ..., "checkpointing": ...})

@@ -1,6 +1,6 @@
 """Profiling and debugging distributed training: where the time goes, how it scales, why it hangs.
 
-Lesson files (notebook 12), in reading order:
+Lesson files (notebook 15), in reading order:
 * classify.py        -- one function says which operator is communication; the per-operator
                         table; reading a Chrome/Perfetto trace back
 * profile_ddp.py     -- torch.profiler (wait/warm-up/active schedule) on the DDP job; a trace per rank
@@ -15,7 +15,7 @@ Lesson files (notebook 12), in reading order:
 * flight_recorder.py -- dump the recorder and find the first collective where the ranks differ
 
 Harness: figures.py (figures of the notebook), exercises.py (check of the exercise: the slow
-run's bottleneck and its fix; reference solution in source_code/solutions/nb12_bottleneck.py).
+run's bottleneck and its fix; reference solution in source_code/solutions/nb15_bottleneck.py).
 
     torchrun --standalone --nproc-per-node=2 -m source_code.profiling.profile_ddp --trace-dir traces
     python -m source_code.profiling.scaling --procs 1,2

@@ -1,5 +1,5 @@
-"""Check function of notebook 12's exercise: find the bottleneck of a slow run from its profile
-(reference solution: source_code/solutions/nb12_bottleneck.py).
+"""Check function of notebook 15's exercise: find the bottleneck of a slow run from its profile
+(reference solution: source_code/solutions/nb15_bottleneck.py).
 
     from source_code.profiling import slow_run
     from source_code.profiling.exercises import check_diagnosis

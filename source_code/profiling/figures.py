@@ -1,4 +1,4 @@
-"""Figures of notebook 12, drawn from measurements: trace timelines, scaling, data loading."""
+"""Figures of notebook 15, drawn from measurements: trace timelines, scaling, data loading."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

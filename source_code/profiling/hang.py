@@ -27,7 +27,7 @@ in one line where a GPU is visible. On purpose, because on a GPU node the policy
 
 What it teaches (one rank skips a collective, a timeout, DETAIL, comparing recorders) is the
 same on NCCL; the NCCL-specific tools (TORCH_NCCL_DUMP_ON_TIMEOUT, the watchdog) are described
-in notebook 12.
+in notebook 15.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A slow training run to diagnose from its profile (notebook 12's exercise).
+"""A slow training run to diagnose from its profile (notebook 15's exercise).
 
     python -m source_code.profiling.slow_run                  # the slow run's profile, per step
     python -m source_code.profiling.slow_run --workers 2      # the same run with other settings

@@ -14,8 +14,8 @@ Scripts and harnesses:
 * memory_report.py  -- the memory and communication tables for 1, 2, 4 ranks; fsdp_state_bytes_ratio
 * fsdp_demo.py      -- all-gathers per step (reshard on/off), meta init, bf16, HSDP on a 2x2 mesh
 * dcp_demo.py       -- load a checkpoint on another number of ranks, compare with the full state
-* exercises.py      -- the check function of notebook 08's exercise
-* figures.py        -- the figures of notebook 08
+* exercises.py      -- the check function of notebook 09's exercise
+* figures.py        -- the figures of notebook 09
 
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.train
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.parity

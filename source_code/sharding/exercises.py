@@ -1,4 +1,4 @@
-"""Check function for the exercise of notebook 08 (solution: source_code/solutions/nb08_sharding.py).
+"""Check function for the exercise of notebook 09 (solution: source_code/solutions/nb09_sharding.py).
 
     from source_code.sharding.exercises import check_predict_bf16_state_bytes
     check_predict_bf16_state_bytes(predict_bf16_state_bytes)

@@ -1,4 +1,4 @@
-"""Figures of notebook 08, drawn from real runs (exported with source_code.figures.export)."""
+"""Figures of notebook 09, drawn from real runs (exported with source_code.figures.export)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

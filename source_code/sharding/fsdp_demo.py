@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node=4 -m source_code.sharding.fsdp_demo
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.fsdp_demo   # no HSDP part
 
-Printed lines (``key: k=v ...``), parsed by notebook 08:
+Printed lines (``key: k=v ...``), parsed by notebook 09:
 
 * ``gathers``: the collectives of one step, forward and backward counted apart, for
   reshard_after_forward True and False, and the parameter bytes left unsharded after forward;

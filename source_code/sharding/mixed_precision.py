@@ -10,7 +10,7 @@ master is rounded back into the bf16 weight. The loss is computed in fp32 (the l
 before the softmax), as reductions over many values lose too much in bf16's 8-bit mantissa.
 
 One step of that on the TransformerLM, in one process, counting tensor bytes (storages once) as
-notebook 08's exercise predicts them for DDP; with ZeRO the master copy and the moments are
+notebook 09's exercise predicts them for DDP; with ZeRO the master copy and the moments are
 sharded together (they are all optimizer state).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tensor parallelism: each weight matrix split across the ranks, Megatron-style, then DTensor.
 
-Lesson files (notebook 10), in reading order:
+Lesson files (notebook 11), in reading order:
 * comm.py      -- the border operators as autograd functions (copy_to_tp / reduce_from_tp and
                   the sequence-parallel all-gather / reduce-scatter pairs) and the ledger that
                   counts every collective they issue
@@ -16,7 +16,7 @@ Harness, measurements, checks:
 * harness.py   -- parity with the dense model, collective counts, saved-activation bytes
 * compare.py   -- own TP vs DTensor TP: collectives and step times in one run
 * figures.py   -- who holds which slice of each weight, collectives per block
-* exercises.py -- notebook 10's exercise: check function (solution: solutions/nb10_tensor_parallel.py)
+* exercises.py -- notebook 11's exercise: check function (solution: solutions/nb11_tensor_parallel.py)
 
     torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.train --impl own
     torchrun --standalone --nproc-per-node=2 -m source_code.tensor_parallel.compare

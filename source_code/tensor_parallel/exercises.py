@@ -1,4 +1,4 @@
-"""Notebook 10's exercise: the row-parallel forward and the operator behind it.
+"""Notebook 11's exercise: the row-parallel forward and the operator behind it.
 
 You write, in the notebook::
 
@@ -12,7 +12,7 @@ using ``all_reduce(t)`` from this module (the sum over the ranks, out of place).
 simulated by threads of this process (functions of a notebook cell cannot be sent to other
 processes; the threads meet in a real sum) and compares the output and the gradients of x,
 W and b with a dense nn.Linear. A wrong answer raises AssertionError with a hint.
-The reference solution is in source_code/solutions/nb10_tensor_parallel.py.
+The reference solution is in source_code/solutions/nb11_tensor_parallel.py.
 """
 from __future__ import annotations
 

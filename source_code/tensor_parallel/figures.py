@@ -1,7 +1,7 @@
-"""Figures of notebook 10, drawn from what the sharded modules and the ledger report.
+"""Figures of notebook 11, drawn from what the sharded modules and the ledger report.
 
     fig = ownership_figure([r["tp"]["layout"] for r in per_rank], block=0)
-    save_figure(fig, "10_ownership.png")   # images/ only when WORKSHOP_EXPORT_FIGURES=1
+    save_figure(fig, "11_ownership.png")   # images/ only when WORKSHOP_EXPORT_FIGURES=1
 """
 from __future__ import annotations
 

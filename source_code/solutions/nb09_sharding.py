@@ -1,4 +1,4 @@
-"""Reference solution for the exercise of notebook 08 (sharding), checked by tests/test_sharding.py.
+"""Reference solution for the exercise of notebook 09 (sharding), checked by tests/test_sharding.py.
 
     python -m pytest tests/test_sharding.py -k exercise
 """

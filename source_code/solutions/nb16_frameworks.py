@@ -1,4 +1,4 @@
-"""Reference solution for the exercise of notebook 13 (frameworks), checked by
+"""Reference solution for the exercise of notebook 16 (frameworks), checked by
 tests/test_frameworks_exercise.py.
 
     python -m pytest tests/test_frameworks_exercise.py

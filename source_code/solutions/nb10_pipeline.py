@@ -1,4 +1,4 @@
-"""Reference solution for the exercise of notebook 09 (pipeline parallelism), checked by
+"""Reference solution for the exercise of notebook 10 (pipeline parallelism), checked by
 tests/test_pipeline_exercise.py.
 
     python -m pytest tests/test_pipeline_exercise.py

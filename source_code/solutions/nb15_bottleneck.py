@@ -1,4 +1,4 @@
-"""Reference solution of notebook 12's exercise: the slow run's bottleneck and its fix
+"""Reference solution of notebook 15's exercise: the slow run's bottleneck and its fix
 (tests/test_profiling_exercise.py runs the check with it and with typical wrong answers).
 
 The profile: ``enumerate(DataLoader)`` holds most of each step (its total time), and the

@@ -1,4 +1,4 @@
-"""Reference solution of notebook 10's exercise: the operator behind a row-parallel layer and
+"""Reference solution of notebook 11's exercise: the operator behind a row-parallel layer and
 its forward (tests/test_tensor_parallel_exercise.py runs the check with it and wrong answers)."""
 from __future__ import annotations
 

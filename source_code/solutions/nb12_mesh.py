@@ -1,4 +1,4 @@
-"""Reference solution for the exercise of notebook 11 (device mesh and planner), checked by
+"""Reference solution for the exercise of notebook 12 (device mesh and planner), checked by
 tests/test_planner_exercise.py.
 
     python -m pytest tests/test_planner_exercise.py
