@@ -54,3 +54,22 @@ def test_no_host_read_per_step(monkeypatch):
     reads.clear()
     acc = loop.evaluate(model, data, torch.device("cpu"))
     assert 0 <= acc <= 1 and len(reads) == 1
+
+
+def test_summary_and_records_are_read_as_structured_values():
+    line = loop.summary_line(2, 3, 0.5, 1.25, [2.30801, 2.2841, 2.2547]) + " resumed_epoch=1 resumed_step=2"
+    s = loop.parse_summary("epoch   3/3  loss 2.2547\n" + line)
+    assert s == {"world_size": 2, "epochs": 3, "accuracy": 0.5, "seconds": 1.2, "losses": [2.308, 2.2841, 2.2547],
+                 "resumed_epoch": 1, "resumed_step": 2}
+    assert loop.parse_summary(loop.summary_line(1, 1, 0.25, 0.0, [1.5]))["losses"] == [1.5]   # one epoch: a list
+    assert "losses" not in loop.parse_summary(loop.summary_line(1, 1, 0.25, 0.0))
+    text = ("[rank1]: parity: impl=zero1 max_abs_diff=0\nparity: impl=zero1 max_abs_diff=0\n"
+            "note: the unsplit batch differs by max_abs_diff=1.14e-05 (float rounding)\n"
+            "hsdp: placements=(Replicate(),Shard(dim=0)) calls=all_gather:6,all_reduce:3 equal=True\n"
+            "parity: impl=fsdp max_abs_diff=2.5e-08")
+    assert loop.parse_records(text, "parity") == [{"impl": "zero1", "max_abs_diff": 0},
+                                                  {"impl": "fsdp", "max_abs_diff": 2.5e-08}]
+    assert loop.parse_records(text, "note") == [{"max_abs_diff": 1.14e-05}]      # prose words skipped
+    assert loop.parse_records(text, "hsdp") == [{"placements": "(Replicate(),Shard(dim=0))",
+                                                 "calls": "all_gather:6,all_reduce:3", "equal": "True"}]
+    assert loop.parse_records(text, "summary") == []

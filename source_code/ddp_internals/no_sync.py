@@ -92,7 +92,7 @@ def main(argv=None):
         for r in results:
             print0(f"no_sync: impl={r['kind']} k={r['k']} max_abs_diff={r['max_abs_diff']:.2e} "
                    f"allreduce_calls={r['allreduce_calls']} (syncing every micro-batch: "
-                   f"{r['k'] * r['calls_per_sync']})")
+                   f"{r['k'] * r['calls_per_sync']}) every_microbatch_calls={r['k'] * r['calls_per_sync']}")
     worst = max(r["max_abs_diff"] for r in results)  # equal on all ranks (synced weights)
     if worst > args.tol:
         raise LaunchError(f"error: accumulated step differs from the large-batch step by {worst:.2e} > {args.tol}")

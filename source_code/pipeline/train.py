@@ -181,6 +181,7 @@ def train(ctx, args) -> dict:
            f"batch {args.batch_size} = {pipe.m} microbatches, {ctx.backend} on {ctx.device.type}")
     timer, accuracy = loop.Timer(), 0.0
     eval_batch = (args.eval_samples // pipe.m) * pipe.m
+    losses = []
     for epoch in range(args.epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed + epoch))
         total = 0.0
@@ -188,10 +189,11 @@ def train(ctx, args) -> dict:
             idx = order[b * args.batch_size:(b + 1) * args.batch_size]  # same batch on every rank
             total += pipe.train_step(train_x[idx], train_y[idx])
         loss = pipe.from_last(total / n_batches)
+        losses.append(loss)
         accuracy = pipe.from_last(pipe.accuracy(test_x[:eval_batch], test_y[:eval_batch]))
         print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out token accuracy "
                f"{accuracy:.4f}  steps {n_batches}  {timer.seconds:6.1f}s")
-    print0(loop.summary_line(ctx.world_size, args.epochs, accuracy, timer.seconds))
+    print0(loop.summary_line(ctx.world_size, args.epochs, accuracy, timer.seconds, losses))
     return {"accuracy": accuracy}
 
 

@@ -115,7 +115,7 @@ def train(ctx, args) -> dict:
            f"sort task: tensor parallel over {ctx.world_size} processes ({args.impl}"
            f"{' + sequence parallel' if args.sequence_parallel else ''}"
            f"{' + vocabulary parallel' if args.vocab_parallel else ''}), {ctx.backend} on {ctx.device.type}")
-    timer, acc = loop.Timer(), 0.0
+    timer, acc, losses = loop.Timer(), 0.0, []
     for epoch in range(args.epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed + epoch))
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)   # summed here, read once an epoch
@@ -132,9 +132,10 @@ def train(ctx, args) -> dict:
             opt.step()
             total += (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).detach()
         acc = accuracy(model, test_x.to(ctx.device), test_y.to(ctx.device))
-        print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total.item() / n_batches:.4f}  held-out token "
+        losses.append(total.item() / n_batches)
+        print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {losses[-1]:.4f}  held-out token "
                f"accuracy {acc:.4f}  steps {n_batches}  {timer.seconds:6.1f}s")
-    print0(loop.summary_line(ctx.world_size, args.epochs, acc, timer.seconds))
+    print0(loop.summary_line(ctx.world_size, args.epochs, acc, timer.seconds, losses))
     return {"accuracy": acc}
 
 

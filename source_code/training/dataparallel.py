@@ -105,12 +105,14 @@ def train(device, args) -> dict:
     print(describe(dp))
 
     timer, accuracy = loop.Timer(), 0.0
+    losses = []
     for epoch in range(args.epochs):
         loss, steps = loop.train_epoch(dp, loader, opt, device, args.max_steps)
+        losses.append(loss)
         accuracy = loop.evaluate(dp.module, test_loader, device)
         print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out accuracy "
               f"{accuracy:.4f}  steps {steps}  {timer.seconds:6.1f}s")
-    print(loop.summary_line(1, args.epochs, accuracy, timer.seconds))
+    print(loop.summary_line(1, args.epochs, accuracy, timer.seconds, losses))
     return {"accuracy": accuracy, "device_ids": list(dp.device_ids)}
 
 

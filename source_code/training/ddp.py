@@ -52,11 +52,13 @@ def train(me, args) -> dict:
     print0(f"training {args.model} on {args.dataset}: {len(train_set)} examples, world_size="
            f"{me.world_size}, global batch {args.batch_size} ({batch} per rank), "
            f"{me.backend} on {me.device.type}")
+    losses = []
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # (5) a new shuffle every epoch, identical on all ranks
         local_loss, steps = loop.train_epoch(model, loader, opt, me.device, args.max_steps)
         # for reporting only: each rank saw a different shard, all_reduce(AVG) gives the mean
         loss = all_reduce_mean(local_loss)
+        losses.append(loss)
         if me.is_main:  # (6) rank 0 evaluates, prints and saves
             accuracy = loop.evaluate(model.module, test_loader, me.device)
         print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out accuracy "
@@ -65,7 +67,7 @@ def train(me, args) -> dict:
             checkpoint.save_snapshot(args.checkpoint, model, opt, epoch + 1)
     if me.is_main and start_epoch >= args.epochs:
         accuracy = loop.evaluate(model.module, test_loader, me.device)
-    print0(loop.summary_line(me.world_size, args.epochs, accuracy, timer.seconds))
+    print0(loop.summary_line(me.world_size, args.epochs, accuracy, timer.seconds, losses))
     return {"accuracy": accuracy}
 
 

@@ -7,6 +7,7 @@ show exactly those differences.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -138,13 +139,34 @@ class Timer:
         return time.perf_counter() - self.start
 
 
-def summary_line(world_size: int, epochs: int, accuracy: float, seconds: float) -> str:
-    """The last line every training script prints; tests and notebooks parse it."""
-    return f"summary: world_size={world_size} epochs={epochs} accuracy={accuracy:.4f} seconds={seconds:.1f}"
+def summary_line(world_size: int, epochs: int, accuracy: float, seconds: float,
+                 losses: list[float] = ()) -> str:
+    """The last line every training script prints; tests and notebooks read it with
+    parse_summary. ``losses``: the mean loss of every epoch, as the epoch lines print them."""
+    line = f"summary: world_size={world_size} epochs={epochs} accuracy={accuracy:.4f} seconds={seconds:.1f}"
+    return line + (" losses=[" + ",".join(f"{loss:.4f}" for loss in losses) + "]" if losses else "")
+
+
+def _value(text: str):
+    if text.startswith("[") and text.endswith("]"):
+        return json.loads(text)
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_records(text: str, prefix: str) -> list[dict]:
+    """The key=value words of every ``prefix: key=value ...`` line in ``text``, in order: the
+    structured lines scripts hand back (numbers as int or float, ``[1.5,2]`` as a list,
+    anything else as text). Words without ``=`` are prose for the reader and skipped,
+    and so are lines of the launcher or other programs."""
+    return [{k: _value(v) for k, v in (w.split("=", 1) for w in ln.split()[1:] if "=" in w)}
+            for ln in text.splitlines() if ln.startswith(prefix + ":")]
 
 
 def parse_summary(text: str) -> dict:
     """The key=value pairs of the last `summary:` line in ``text``."""
-    line = [ln for ln in text.splitlines() if ln.startswith("summary:")][-1]
-    pairs = dict(kv.split("=") for kv in line.split()[1:])
-    return {k: (int(v) if v.isdigit() else float(v)) for k, v in pairs.items()}
+    return parse_records(text, "summary")[-1]

@@ -39,8 +39,10 @@ def train(device, args) -> dict:
     timer, accuracy = loop.Timer(), 0.0
     print(f"training {args.model} on {args.dataset}: {len(train_set)} examples, world_size=1, "
           f"batch {batch}, on {device.type}")
+    losses = []
     for epoch in range(start_epoch, args.epochs):
         loss, steps = loop.train_epoch(model, loader, opt, device, args.max_steps)
+        losses.append(loss)
         accuracy = loop.evaluate(model, test_loader, device)
         print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out accuracy "
               f"{accuracy:.4f}  steps {steps}  {timer.seconds:6.1f}s")
@@ -48,7 +50,7 @@ def train(device, args) -> dict:
             checkpoint.save_snapshot(args.checkpoint, model, opt, epoch + 1)
     if start_epoch >= args.epochs:
         accuracy = loop.evaluate(model, test_loader, device)
-    print(loop.summary_line(1, args.epochs, accuracy, timer.seconds))
+    print(loop.summary_line(1, args.epochs, accuracy, timer.seconds, losses))
     return {"accuracy": accuracy}
 
 
