@@ -1,0 +1,25 @@
+"""Context parallelism: one long sequence split across ranks, ring attention, zigzag layout.
+
+Lesson files (notebook 13), in reading order:
+* layout.py    -- which tokens a rank holds (contiguous or zigzag), the sequence-length rule,
+                  the query-key pairs each rank scores
+* partial.py   -- attention of one query chunk against one key chunk: (out, lse) forward,
+                  the flash-attention backward from the final lse
+* merge.py     -- the log-sum-exp merge of two partial results (online softmax)
+* comm.py      -- the ring: send to the next rank, receive from the previous, in the
+                  background; every transfer recorded (bytes, timestamps)
+* ring.py      -- ring attention forward and backward as one autograd Function
+* model.py     -- a TransformerLM block with its attention core exchangeable
+* costs.py     -- bytes by formula, the alpha-beta time of a hop, what each mesh dimension sends
+* library.py   -- torch.distributed.tensor.experimental.context_parallel on the same inputs
+
+Harness, measurements, checks:
+* harness.py   -- parity with full attention on one process, per rank
+* memory.py    -- activation bytes of a block as the sequence grows, with and without CP
+* timing.py    -- step times of the layouts, overlapped vs serialized transfers, a size sweep
+* compare.py   -- entry point: parity on 2 and 4 processes, work per rank, the library
+* figures.py   -- layouts, activation bytes, Gantt chart
+* exercises.py -- notebook 13's exercise: check function (solution: solutions/nb13_context_parallel.py)
+
+    python -m source_code.context_parallel.compare
+"""

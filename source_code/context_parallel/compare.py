@@ -1,0 +1,113 @@
+"""Ring attention against full attention on 2 and 4 processes, the layouts' work, torch's API.
+
+    python -m source_code.context_parallel.compare
+    python -m source_code.context_parallel.compare --worlds 2 --device auto    # a node with >= 2 GPUs
+
+For each world size, ``report`` runs on every rank (processes.spawn): outputs and gradients
+of q, k, v from ring attention (contiguous and zigzag, causal and not) against full attention
+on one process (harness.parity), the query-key pairs each rank scored, the bytes it sent,
+and torch's ``context_parallel`` on the same inputs (library.attempt: on the CPU it raises,
+and the line says so with the library's own message). Printed last:
+
+    summary: worlds=2,4 cases=C library=... cp_max_abs_diff=D zigzag_work_imbalance=I
+
+D is the largest |difference| over every case, rank and tensor (goal: <= 1e-5 in fp32 on the
+CPU, parity.tolerance); I is max/min pairs per rank with zigzag, causal, over the world
+sizes (goal: <= 1.05). Exit status 1 when a goal is missed.
+"""
+from __future__ import annotations
+
+
+from source_code import processes
+from source_code.cli import Parser
+from source_code.context_parallel import harness, layout as lay, library
+from source_code.context_parallel.memory import memory_report
+from source_code.device_policy import exact_math
+from source_code.distributed import run_main
+from source_code.errors import LaunchError
+from source_code.parity import tolerance
+
+IMBALANCE_GOAL = 1.05
+
+
+def report(shape: harness.Shape = harness.Shape(), lengths=(), with_library: bool = True) -> dict:
+    """Run on every rank: parity, optionally activation bytes (``lengths``) and the library."""
+    exact_math()
+    return {"parity": harness.parity(shape),
+            "memory": memory_report(lengths) if lengths else None,
+            "library": library.attempt(shape) if with_library else None}
+
+
+def summarize(runs: dict) -> dict:
+    """{world: [each rank's report]} -> the parity table, work per rank, the two numbers."""
+    rows, work, worst = [], {}, 0.0
+    for world, per_rank in runs.items():
+        ncases = len(per_rank[0]["parity"]["cases"])
+        for i in range(ncases):
+            case = per_rank[0]["parity"]["cases"][i]
+            diffs = {k: max(r["parity"]["cases"][i]["diffs"][k] for r in per_rank) for k in case["diffs"]}
+            worst = max(worst, *diffs.values())
+            pairs = [r["parity"]["cases"][i]["pairs"]["forward"] for r in per_rank]
+            work[(world, case["layout"], case["causal"])] = pairs
+            rows.append({"world": world, "layout": case["layout"], "causal": case["causal"], **diffs})
+    zig = [lay.imbalance(w) for (world, layout, causal), w in work.items() if layout == "zigzag" and causal]
+    return {"rows": rows, "work": work, "cp_max_abs_diff": worst, "zigzag_work_imbalance": max(zig),
+            "device": next(iter(runs.values()))[0]["parity"]["device"]}
+
+
+def _worlds(text: str) -> list[int]:
+    try:
+        worlds = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise LaunchError(f"error: --worlds {text!r}: comma-separated integers, e.g. 2,4") from None
+    if any(w < 2 for w in worlds):
+        raise LaunchError(f"error: --worlds {text!r}: context parallelism needs at least 2 processes")
+    return worlds
+
+
+def main(argv=None) -> int:
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", default="2,4", help="world sizes to run, comma-separated (default 2,4)")
+    p.add_argument("--seq", type=int, default=harness.Shape.seq, help="sequence length (default 48)")
+    p.add_argument("--device", choices=("cpu", "auto"), default="cpu",
+                   help="cpu: gloo on the CPU; auto: one GPU per process where there are enough")
+    args = p.parse_args(argv)
+    worlds = _worlds(args.worlds)
+    for world in worlds:  # a length that does not divide: one line, before any process starts
+        try:
+            lay.check_length(args.seq, world, "zigzag")
+        except ValueError as exc:
+            raise LaunchError(f"error: --seq: {exc}") from None
+    shape = harness.Shape(seq=args.seq)
+    runs = {w: processes.spawn(report, w, shape, (), w == worlds[0], device=args.device, stream=False)
+            for w in worlds}
+    s = summarize(runs)
+    tol, why = tolerance(s["device"])
+    for row in s["rows"]:
+        print(f"{row['world']} ranks {row['layout']:10s} causal={row['causal']!s:5s} max |diff| "
+              + " ".join(f"{k} {row[k]:.1e}" for k in ("out", "dq", "dk", "dv")))
+    for (world, layout, causal), pairs in s["work"].items():
+        if causal:
+            print(f"pairs per rank, {world} ranks, {layout}, causal: {pairs} (max/min {lay.imbalance(pairs):.2f})")
+    lib = runs[worlds[0]][0]["library"]
+    if lib["ran"]:
+        lib_word = "ran"
+        print(f"torch context_parallel on {lib['device']}: vs full {lib['vs_full']:.1e}, vs ours "
+              f"{lib['vs_ours']:.1e}, collectives {lib['comm']}")
+    else:
+        lib_word = f"failed-on-{lib['device']}"
+        print(f"torch context_parallel on {lib['device']} (torch {lib['torch']}): {lib['error']}")
+    print(why)
+    d, i = s["cp_max_abs_diff"], s["zigzag_work_imbalance"]
+    print(f"summary: worlds={','.join(map(str, worlds))} cases={len(s['rows'])} library={lib_word} "
+          f"cp_max_abs_diff={d:.3e} zigzag_work_imbalance={i:.3f}")
+    if lib["ran"] and max(lib["vs_full"], lib["vs_ours"]) > tol:
+        raise LaunchError(f"error: torch's context_parallel differs by {max(lib['vs_full'], lib['vs_ours']):.2e} > {tol:g}")
+    if d > tol or i > IMBALANCE_GOAL:
+        raise LaunchError(f"error: goal missed: cp_max_abs_diff {d:.2e} (<= {tol:g}), "
+                          f"zigzag_work_imbalance {i:.3f} (<= {IMBALANCE_GOAL})")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,114 @@
+"""Ring attention: each rank holds the queries, keys and values of its own tokens; the K/V
+blocks travel around the ring while every rank attends its queries to the block it holds.
+
+Forward, on rank r of n (step s holds the K/V of rank (r - s) mod n):
+
+    for step in range(n):
+        post: send my current K/V block to rank r+1, receive the next from rank r-1
+        for each of my query chunks, each chunk of the K/V block:      # 1 or 2 chunks (layout)
+            skip it if causal and the key chunk comes after the query chunk
+            (out, lse) = attend(...)            # partial.py
+            merge it into the running (out, lse) of that query chunk   # merge.py
+        wait for the next block
+
+Backward passes K/V around the ring once more, and with it the gradients dK/dV of the block:
+each rank adds its contribution to the block's dK/dV and sends the sum on; after n hops the
+sum arrives at the block's owner. dQ stays local. Both directions overlap the transfer with
+the compute (``overlap=False`` waits for each transfer before computing, to measure what the
+overlap hides).
+
+Shapes: q, k, v, out (b, h, t/n, d) where t/n are this rank's tokens in layout order
+(layout.shard); lse (b, h, t/n).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from source_code.context_parallel.comm import Ring
+from source_code.context_parallel.layout import chunk_ids, pairs
+from source_code.context_parallel.merge import merge
+from source_code.context_parallel.partial import attend, attend_backward
+
+
+def _blocks(rank: int, src: int, world: int, layout: str, causal: bool):
+    """(my query chunk i, source key chunk j, diagonal?) for the chunk pairs that are scored."""
+    for i, cq in enumerate(chunk_ids(rank, world, layout)):
+        for j, ck in enumerate(chunk_ids(src, world, layout)):
+            if not (causal and ck > cq):
+                yield i, j, cq, ck, causal and ck == cq
+
+
+class RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, layout: str, ring: Ring, overlap: bool):
+        r, n = ring.rank, ring.world
+        nchunks = len(chunk_ids(r, n, layout))
+        size, scale = q.shape[2] // nchunks, 1.0 / math.sqrt(q.shape[-1])
+        qs = q.split(size, dim=2)
+        acc = [(None, None)] * nchunks                         # running (out, lse) per query chunk
+        kv = torch.stack([k, v])                               # (2, b, h, t/n, d): one message
+        for step in range(n):
+            src = (r - step) % n
+            pending = ring.exchange(kv, "kv", "forward", step) if overlap and step < n - 1 else None
+            t0, done = time.perf_counter(), 0
+            ks, vs = kv[0].split(size, dim=2), kv[1].split(size, dim=2)
+            for i, j, cq, ck, diagonal in _blocks(r, src, n, layout, causal):
+                out_ij, lse_ij = attend(qs[i], ks[j], vs[j], scale, diagonal)
+                acc[i] = merge(*acc[i], out_ij, lse_ij)
+                done += pairs(size, cq, ck, causal)
+            ring.computes.append({"phase": "forward", "step": step, "start": t0,
+                                  "end": time.perf_counter(), "pairs": done})
+            if step < n - 1:
+                kv = (pending or ring.exchange(kv, "kv", "forward", step)).wait()
+        out = torch.cat([o for o, _ in acc], dim=2)
+        lse = torch.cat([lse_i for _, lse_i in acc], dim=2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.layout, ctx.ring, ctx.overlap = causal, layout, ring, overlap
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, causal, layout, overlap = ctx.ring, ctx.causal, ctx.layout, ctx.overlap
+        r, n = ring.rank, ring.world
+        nchunks = len(chunk_ids(r, n, layout))
+        size, scale = q.shape[2] // nchunks, 1.0 / math.sqrt(q.shape[-1])
+        qs, outs, lses = q.split(size, 2), out.split(size, 2), lse.split(size, 2)
+        douts = dout.contiguous().split(size, 2)
+        dq = torch.zeros_like(q)
+        dqs = dq.split(size, 2)                                 # views: adding into them fills dq
+        kv, incoming = torch.stack([k, v]), None
+        for step in range(n):
+            src = (r - step) % n
+            pending = ring.exchange(kv, "kv", "backward", step) if overlap and step < n - 1 else None
+            t0, done = time.perf_counter(), 0
+            ks, vs = kv[0].split(size, 2), kv[1].split(size, 2)
+            part = torch.zeros_like(kv)                         # my share of dK/dV of src's block
+            dks, dvs = part[0].split(size, 2), part[1].split(size, 2)
+            for i, j, cq, ck, diagonal in _blocks(r, src, n, layout, causal):
+                dq_ij, dk_ij, dv_ij = attend_backward(qs[i], ks[j], vs[j], outs[i], lses[i],
+                                                      douts[i], scale, diagonal)
+                dqs[i].add_(dq_ij)
+                dks[j].add_(dk_ij)
+                dvs[j].add_(dv_ij)
+                done += pairs(size, cq, ck, causal)
+            ring.computes.append({"phase": "backward", "step": step, "start": t0,
+                                  "end": time.perf_counter(), "pairs": done})
+            dkv = part if incoming is None else incoming.wait() + part   # the block's sum so far
+            if n > 1:
+                incoming = ring.exchange(dkv, "dkv", "backward", step)   # on to the next rank
+                if not overlap:
+                    incoming.wait()
+            if step < n - 1:
+                kv = (pending or ring.exchange(kv, "kv", "backward", step)).wait()
+        dkv = incoming.wait() if n > 1 else dkv                 # after n hops: my own block's sum
+        return dq, dkv[0], dkv[1], None, None, None, None
+
+
+def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ring: Ring | None = None,
+                   overlap: bool = True) -> torch.Tensor:
+    """Attention of this rank's queries over the whole sequence; q, k, v (b, h, t/n, d)."""
+    return RingAttention.apply(q, k, v, causal, layout, ring or Ring(), overlap)
