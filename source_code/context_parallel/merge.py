@@ -4,12 +4,14 @@ A query's attention over keys A and B, computed separately, gives (out_A, lse_A)
 (out_B, lse_B): out_X is the softmax-weighted mean of X's values, lse_X = log sum exp of X's
 scores. Over A and B together:
 
-    lse = log(exp(lse_A) + exp(lse_B))          computed as m + log(exp(lse_A - m) + exp(lse_B - m)),
-                                                m = max(lse_A, lse_B), so nothing overflows
+    lse = log(exp(lse_A) + exp(lse_B))
     out = exp(lse_A - lse) * out_A + exp(lse_B - lse) * out_B
 
 Each part is weighted by its share of the total softmax mass; a plain average would weigh a
-block of 1 visible key like a block of 1000. Shapes: out (b, h, s, d), lse (b, h, s).
+block of 1 visible key like a block of 1000. As computed: with m = max(lse_A, lse_B),
+e_X = exp(lse_X - m) <= 1 (nothing overflows), the weights are e_X / (e_A + e_B) and
+lse = m + log(e_A + e_B). (Weights written exp(lse_X - lse) lose digits when lse is large:
+lse itself is rounded to float32, about 6e-5 near 1000.) Shapes: out (b, h, s, d), lse (b, h, s).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def merge(out_a, lse_a, out_b, lse_b) -> tuple[torch.Tensor, torch.Tensor]:
     if out_a is None:
         return out_b, lse_b
     m = torch.maximum(lse_a, lse_b)
-    lse = m + torch.log(torch.exp(lse_a - m) + torch.exp(lse_b - m))
-    out = torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
-    return out, lse
+    e_a, e_b = torch.exp(lse_a - m), torch.exp(lse_b - m)          # (b, h, s), each <= 1
+    total = e_a + e_b
+    out = (e_a / total).unsqueeze(-1) * out_a + (e_b / total).unsqueeze(-1) * out_b
+    return out, m + torch.log(total)

@@ -7,9 +7,10 @@ import torch
 
 def reference_merge(out_a, lse_a, out_b, lse_b):
     m = torch.maximum(lse_a, lse_b)                              # subtract the larger: no overflow
-    lse = m + torch.log(torch.exp(lse_a - m) + torch.exp(lse_b - m))
-    out = torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
-    return out, lse                                              # each part weighted by its mass
+    e_a, e_b = torch.exp(lse_a - m), torch.exp(lse_b - m)        # each part's softmax mass / e^m
+    total = e_a + e_b
+    out = (e_a / total).unsqueeze(-1) * out_a + (e_b / total).unsqueeze(-1) * out_b
+    return out, m + torch.log(total)                             # each part weighted by its mass
 
 
 def reference_block_kind(q_chunk, k_chunk, causal):
