@@ -29,15 +29,10 @@ from __future__ import annotations
 
 import argparse
 
-STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
-# which of the three states each strategy shards across the N ranks
-SHARDED = {"ddp": set(), "zero1": {"optimizer"}, "zero2": {"optimizer", "grads"},
-           "fsdp": {"optimizer", "grads", "params"}}
-
-
-def shard_numel(numel: int, world_size: int) -> int:
-    """Elements of the largest (rank 0's) chunk when ``numel`` is cut into world_size chunks."""
-    return -(-numel // world_size)
+# one calculator for the notebooks of memory (08) and of the planner (12): the ZeRO
+# bookkeeping and the activation formula live in source_code/memory/
+from source_code.memory.calculator import SHARDED, STRATEGIES, Precision, shard_numel
+from source_code.memory import calculator, formula
 
 
 def state_bytes(numels, world_size: int, strategy: str, bytes_per_value: int = 4,
@@ -45,23 +40,12 @@ def state_bytes(numels, world_size: int, strategy: str, bytes_per_value: int = 4
     """Predicted bytes that rank 0 keeps for parameters, gradients and optimizer state.
 
     ``numels``: one int (P, treated as a single tensor) or the sizes of the parameter tensors.
-    Returns {"params", "grads", "optimizer", "total"} in bytes.
+    Returns {"params", "grads", "optimizer", "total"} in bytes (memory.calculator.state_bytes
+    with ``bytes_per_value`` for every state).
     """
-    if strategy not in SHARDED:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    numels = [int(numels)] if isinstance(numels, (int, float)) else [int(n) for n in numels]
-    full = sum(numels)
-    shard = sum(shard_numel(n, world_size) for n in numels)
-
-    def held(what):
-        return shard if what in SHARDED[strategy] else full
-
-    out = {"params": held("params") * bytes_per_value,
-           "grads": held("grads") * bytes_per_value,
-           "optimizer": adam_states * held("optimizer") * bytes_per_value
-           + step_bytes * len(numels)}
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
+    prec = Precision("custom", bytes_per_value, bytes_per_value, adam_states * bytes_per_value,
+                     bytes_per_value)
+    return calculator.state_bytes(numels, world_size, strategy, prec, step_bytes)
 
 
 def activation_bytes(batch: int, seq_len: int, dim: int, n_layers: int, n_heads: int,
@@ -73,10 +57,11 @@ def activation_bytes(batch: int, seq_len: int, dim: int, n_layers: int, n_heads:
     (4 x dim each): 16 dim + heads + 4 values. Per token after the blocks: the final norm's
     input, output and statistics (2 dim + 2), the log-softmax over the vocabulary, and the int64
     input and target ids (2 values each). Plus the int64 positions (8 bytes each) and the loss.
+    Term by term in source_code/memory/formula.py (fp32, or a 16-bit model on the CPU).
     """
-    tokens = batch * seq_len
-    per_token = n_layers * (16 * dim + n_heads + 4) + 2 * dim + 2 + vocab + 4
-    return bytes_per_value * tokens * per_token + 8 * seq_len + bytes_per_value
+    mode = "fp32" if bytes_per_value == 4 else "bf16"
+    return int(formula.model_activation_bytes(batch, seq_len, dim, n_layers, n_heads, vocab,
+                                              mode=mode, act=bytes_per_value)["total"])
 
 
 def communication_bytes(n_params: int, world_size: int, strategy: str,

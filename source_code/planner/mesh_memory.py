@@ -10,12 +10,13 @@ Where each term comes from (the single-strategy version is memory.py):
   LayerNorms, the down bias, embeddings and head stay whole on every tp rank (the workshop's
   plan, source_code/mesh/tp.py);
 * the ZeRO stage of the dp dimension divides optimizer state (>= 1), gradients (>= 2) and
-  parameters (3 = FSDP) by dp (memory.SHARDED). With gradient accumulation over m
+  parameters (3 = FSDP) by dp (memory.calculator.state_bytes, shared with notebook 08). With gradient accumulation over m
   micro-batches ZeRO-1 holds the full gradients until the step's one reduce-scatter, ZeRO-2
   and 3 keep 1/dp because they reduce-scatter after every micro-batch (communication.py
   charges that traffic: memory and bytes on the wire describe the same variant);
-* activations per token and block, counted for the TransformerLM in memory.activation_bytes:
-  4h + 4 values stay whole under TP (block input, the LayerNorms' inputs, outputs and
+* activations per token and block, counted for the TransformerLM in memory.formula (one
+  function with notebook 08, each term in its dtype on a GPU: LayerNorm statistics and the
+  attention's log-sum-exp in fp32): 4h + 4 values stay whole under TP (block input, the LayerNorms' inputs, outputs and
   statistics), 12h + heads values are cut by tp (q, k, v, attention output, log-sum-exp, the
   MLP's up projection and GELU). With checkpointing a block keeps only its input (h values)
   and one block's activations exist again while it is recomputed;
@@ -23,10 +24,10 @@ Where each term comes from (the single-strategy version is memory.py):
 """
 from __future__ import annotations
 
-from source_code.planner.memory import SHARDED
+from source_code.memory import calculator, formula
 from source_code.planner.spec import Config, Model, Precision, PRECISIONS
 
-STRATEGY = {0: "ddp", 1: "zero1", 2: "zero2", 3: "fsdp"}
+STRATEGY = calculator.ZERO
 
 
 def stage_layers(layers: int, pp: int) -> list[int]:
@@ -45,17 +46,20 @@ def stage_params(model: Model, cfg: Config, stage: int) -> int:
     return p
 
 
-def block_values_per_token(model: Model, tp: int, checkpointing: bool = False) -> float:
-    """Activation values one block saves per token on one tp rank."""
-    if checkpointing:
-        return model.hidden
-    h = model.hidden
-    return 4 * h + 4 + (12 * h + model.heads) / tp
+def block_bytes_per_token(model: Model, tp: int, prec: Precision, checkpointing: bool = False) -> float:
+    """Activation bytes one block saves per token on one tp rank (memory.formula, on a GPU)."""
+    return formula.block_bytes_per_token(model.hidden, model.heads, model.ffn_size, prec.mode,
+                                         prec.activation, tp, checkpointing, device="cuda")
 
 
-def head_values_per_token(model: Model) -> int:
-    """Final norm (input, output, statistics), log-softmax over the vocabulary, int64 ids."""
-    return 2 * model.hidden + 2 + model.vocab + 4
+def head_bytes_per_token(model: Model, prec: Precision) -> float:
+    """Final norm (input, output, statistics), log-softmax over the vocabulary, int64 ids.
+
+    The log-softmax is counted at the activations' width (a fused cross-entropy that keeps it
+    in fp32 adds 2 bytes per token and vocabulary entry in bf16: notebook 08's calculator
+    counts it so, ``loss_bytes=4``)."""
+    return formula.head_bytes_per_token(model.hidden, model.vocab, prec.mode, prec.activation, "cuda",
+                                        loss_bytes=prec.activation)
 
 
 def in_flight(cfg: Config, stage: int) -> int:
@@ -66,30 +70,24 @@ def in_flight(cfg: Config, stage: int) -> int:
 def activation_bytes(model: Model, cfg: Config, stage: int, prec: Precision) -> float:
     tokens = cfg.micro_batch * model.seq
     n = stage_layers(model.layers, cfg.pp)[stage]
-    per_mb = n * block_values_per_token(model, cfg.tp, cfg.checkpointing)
+    per_mb = n * block_bytes_per_token(model, cfg.tp, prec, cfg.checkpointing)
     if stage == cfg.pp - 1:
-        per_mb += head_values_per_token(model)
+        per_mb += head_bytes_per_token(model, prec)
     total = in_flight(cfg, stage) * tokens * per_mb
     if cfg.checkpointing and n:  # the block being recomputed holds its full activations
-        total += tokens * block_values_per_token(model, cfg.tp)
-    return total * prec.activation
+        total += tokens * block_bytes_per_token(model, cfg.tp, prec)
+    return total
 
 
 def stage_bytes(model: Model, cfg: Config, stage: int, prec: Precision | str = "fp32") -> dict:
     """{"params", "grads", "optimizer", "activations", "buffers", "total"} of one GPU of a stage."""
     prec = PRECISIONS[prec] if isinstance(prec, str) else prec
-    p = stage_params(model, cfg, stage)
-    sharded = SHARDED[STRATEGY[cfg.zero]]
-
-    def held(what):
-        return -(-p // cfg.dp) if what in sharded else p
-
-    out = {"params": held("params") * prec.param, "grads": held("grads") * prec.grad,
-           "optimizer": held("optimizer") * prec.optimizer,
-           "activations": activation_bytes(model, cfg, stage, prec)}
+    out = calculator.state_bytes(stage_params(model, cfg, stage), cfg.dp, cfg.zero, prec)
+    del out["total"]
+    out["activations"] = activation_bytes(model, cfg, stage, prec)
     # FSDP gathers a whole block (and prefetches the next) while computing it
     block = -(-model.block_tp_sharded() // cfg.tp) + model.block_replicated()
-    out["buffers"] = 2 * block * prec.param if cfg.zero == 3 and cfg.dp > 1 else 0
+    out["buffers"] = calculator.gathered_block_bytes(block, cfg.zero, cfg.dp, prec)
     out["total"] = sum(out.values())
     return out
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from source_code.memory.calculator import PRECISIONS as CALCULATOR_PRECISIONS, Precision  # noqa: F401
+
 GB = 1e9
 
 
@@ -96,20 +98,9 @@ def model_from(name: str = "", params: float = 0, layers: int = 0, hidden: int =
     return m
 
 
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per parameter of each state, and per activation / message value."""
-    name: str
-    param: int
-    grad: int
-    optimizer: int     # Adam's two moments (+ an fp32 master copy in mixed precision)
-    activation: int
-
-
-PRECISIONS = {
-    "fp32": Precision("fp32", 4, 4, 8, 4),                 # what the workshop runs on CPU
-    "bf16": Precision("bf16", 2, 2, 12, 2),                # bf16 weights/grads, fp32 master + Adam
-}
+# bytes per parameter and per activation: one table for notebooks 08 and 12
+# (source_code/memory/calculator.py); the planner offers the two precisions clusters train in
+PRECISIONS = {k: CALCULATOR_PRECISIONS[k] for k in ("fp32", "bf16")}
 
 
 @dataclass(frozen=True)
