@@ -1,0 +1,91 @@
+"""The mixture-of-experts layer on one process, and the TransformerLM built with it.
+
+``MoE`` replaces a block's MLP: a router picks k of E experts for each token (router.py),
+each expert is an ordinary ``models.MLP`` (dim -> hidden -> dim), and the token's output is
+the gate-weighted sum of its experts' outputs. The block adds it to the residual, so a token
+dropped at every choice (over capacity) leaves the layer unchanged.
+
+    x (b, t, d) -> rows (N, d) -> route -> for each expert e: its rows -> MLP_e -> (rows, d)
+                -> out[token] += gate * MLP_e(x[token])   -> (b, t, d)
+
+The layer keeps the balancing loss of its last forward in ``aux_loss`` (a tensor in the
+graph: the training loss adds coef * the sum over layers) and the assignments per expert and
+group in ``counts``. Parameters grow with E; the work per token does not: every token runs
+through k experts, whatever E is (``active_parameters``).
+
+``moe_transformer`` builds ``models.TransformerLM`` and swaps each block's MLP for a MoE:
+the same model as the rest of the workshop, from one seed, the same weights on every rank.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from source_code.expert_parallel import router
+from source_code.models import MLP, TransformerLM
+
+
+class MoE(nn.Module):
+    def __init__(self, dim: int, hidden: int, n_experts: int, k: int = 1,
+                 capacity_factor: float | None = None, groups: int = 1):
+        super().__init__()
+        self.n_experts, self.k, self.capacity_factor, self.groups = n_experts, k, capacity_factor, groups
+        self.router = nn.Linear(dim, n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(dim, hidden) for _ in range(n_experts))
+        self.aux_loss = None
+        self.counts = None
+
+    def forward(self, x):                                  # x: (b, t, d)
+        rows = x.reshape(-1, x.shape[-1])                  # (N, d)
+        r = router.route(self.router(rows), self.k, self.capacity_factor, self.groups)
+        self.aux_loss, self.counts = r.aux, r.counts
+        return combine(rows, r, self.experts).view_as(x)
+
+
+def combine(rows: torch.Tensor, r: router.Routing, experts) -> torch.Tensor:
+    """sum over a token's kept choices of gate * expert(token): (N, d) -> (N, d)."""
+    out = torch.zeros_like(rows)
+    for e, expert in enumerate(experts):
+        token, choice = ((r.expert == e) & r.keep).nonzero(as_tuple=True)   # (n_e,), (n_e,)
+        y = expert(rows[token])                                               # (n_e, d)
+        out = out.index_add(0, token, y * r.gate[token, choice, None])
+    return out
+
+
+def moe_transformer(cfg: dict, n_experts: int = 4, k: int = 1, capacity_factor: float | None = None,
+                    groups: int = 1, seed: int = 0, hidden: int | None = None) -> TransformerLM:
+    """``models.TransformerLM(**cfg)`` with every block's MLP swapped for a MoE (hidden: 4*dim,
+    the dense MLP's size); weights drawn as TransformerLM draws them, from ``seed``."""
+    torch.manual_seed(seed)
+    model = TransformerLM(**cfg)
+    dim = cfg["dim"]
+    for block in model.layers:
+        block.mlp = MoE(dim, hidden or 4 * dim, n_experts, k, capacity_factor, groups)
+    model.apply(TransformerLM._init)
+    return model
+
+
+def moe_layers(model: nn.Module) -> list:
+    """The MoE-like layers of a model (anything with an ``aux_loss``), in order."""
+    return [m for m in model.modules() if hasattr(m, "aux_loss")]
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor:
+    """The sum of the layers' balancing losses from the last forward."""
+    return sum(m.aux_loss for m in moe_layers(model))
+
+
+def set_routing(model: nn.Module, k: int | None = None, capacity_factor=..., groups: int | None = None):
+    """Change k / capacity factor / groups of every MoE layer in place."""
+    for m in moe_layers(model):
+        m.k = k if k is not None else m.k
+        m.capacity_factor = m.capacity_factor if capacity_factor is ... else capacity_factor
+        m.groups = groups if groups is not None else m.groups
+
+
+def active_parameters(moe: MoE) -> dict:
+    """Parameters of the layer, and those one token's forward multiplies by (router + k experts)."""
+    per_expert = sum(p.numel() for p in moe.experts[0].parameters())
+    routing = sum(p.numel() for p in moe.router.parameters())
+    return {"total": routing + moe.n_experts * per_expert, "per_token": routing + moe.k * per_expert,
+            "per_expert": per_expert, "router": routing}

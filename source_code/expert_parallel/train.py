@@ -1,0 +1,152 @@
+"""A short training run of the MoE TransformerLM with expert parallelism, with or without the
+balancing loss.
+
+    torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train
+    torchrun --standalone --nproc-per-node=4 -m source_code.expert_parallel.train --ep 2 --aux-coef 0
+    sbatch slurm/ddp_single_node.slurm   (with TRAIN_MODULE=source_code.expert_parallel.train)
+
+The TransformerLM of models.py with its MLPs swapped for MoE layers (moe.py) learns the
+generated sort task. The ranks form a (dp, ep) mesh (ep_dp.py): experts split over "ep",
+every rank its own share of each global batch, expert gradients reduced over "dp" and the
+rest over all ranks. The loss is cross-entropy + aux_coef x the sum of the layers'
+balancing losses. After training, the tokens of a held-out batch are routed once more and
+counted per layer and expert (before capacity dropping): the imbalance is max / mean of those
+counts, the worst layer's. Rank 0 prints progress; last line:
+
+    summary: world_size=2 epochs=1 accuracy=A seconds=S ep=2 steps=K aux_coef=C imbalance=I
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from source_code.cli import Parser, positive_float, positive_int
+from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
+from source_code.expert_parallel import ep_dp
+from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer
+from source_code.sharding import workload
+from source_code.training import loop
+
+LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train"
+DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 3e-3, "dim": 32, "layers": 2, "heads": 4,
+            "experts": 8, "k": 2, "capacity_factor": None, "seed": 0}
+
+
+def imbalance(per_expert) -> float:
+    """max / mean of the tokens per expert (1: perfectly even)."""
+    t = torch.as_tensor(per_expert, dtype=torch.float64)
+    return float(t.max() / t.mean())
+
+
+def _local_loss(model, x, y, aux_coef: float):
+    ce = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+    return ce, ce + aux_coef * aux_loss(model)
+
+
+def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides) -> dict:
+    """Train on every rank of the job; return the loss curve, the accuracy and the held-out
+    tokens per expert of every layer, per rank and summed (plain Python values)."""
+    o = {**DEFAULTS, **overrides}
+    world, rank, device = dist.get_world_size(), dist.get_rank(), context().device
+    ep = ep or world
+    dp = world // ep
+    cfg = workload.model_config(dim=o["dim"], n_layers=o["layers"], n_heads=o["heads"])
+    mesh = ep_dp.make_mesh(device.type, dp, ep)
+    model = moe_transformer(cfg, o["experts"], o["k"], o["capacity_factor"], seed=o["seed"])
+    model = ep_dp.to_expert_parallel(model.to(device), mesh["ep"].get_group())
+    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=0.01)
+    train_set, held_out = workload.sort_task(n=2048), workload.sort_task(n=2048)
+    per_rank, losses, timer = o["batch_size"] // world, [], loop.Timer()
+    for step in range(o["steps"]):
+        x, y = workload.rank_slice(workload.global_batch(train_set, step, o["batch_size"], o["seed"]),
+                                   rank, world)
+        ce, loss = _local_loss(model, x.to(device), y.to(device), aux_coef)
+        loss.backward()
+        ep_dp.reduce_gradients(model, mesh["dp"].get_group())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mean = torch.tensor([ce.item()], dtype=torch.float64)
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+        if log_every and ((step + 1) % log_every == 0 or step + 1 == o["steps"]):
+            print0(f"step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  {timer.seconds:6.1f}s")
+    x, y = (t[-256:] for t in held_out.tensors)
+    x, y = (t[rank * (256 // world):(rank + 1) * (256 // world)].to(device) for t in (x, y))
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    keep = y != -100
+    hits = torch.tensor([(pred[keep] == y[keep]).sum().item(), keep.sum().item()], dtype=torch.float64)
+    dist.all_reduce(hits)
+    counts = []                                            # per layer: (world, E) assignments
+    for layer in moe_layers(model):
+        got = [None] * world
+        dist.all_gather_object(got, layer.counts.sum(0).tolist())
+        counts.append(got)
+    per_expert = [torch.tensor(c).sum(0).tolist() for c in counts]
+    return {"aux_coef": aux_coef, "losses": losses, "accuracy": hits[0].item() / hits[1].item(),
+            "per_rank_counts": counts, "per_expert": per_expert, "tokens_per_rank": x.numel(),
+            "imbalance": max(imbalance(c) for c in per_expert), "seconds": timer.seconds,
+            "dp": dp, "ep": ep, "k": o["k"], "experts": o["experts"]}
+
+
+def balance_study(aux_coef: float = 0.01, steps: int = DEFAULTS["steps"], **overrides) -> dict:
+    """The same training without and with the balancing loss (on every rank)."""
+    return {"without": run(0.0, steps=steps, **overrides), "with": run(aux_coef, steps=steps, **overrides)}
+
+
+def parse_args(argv=None):
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--ep", type=positive_int, default=0, help="expert-parallel size (default: all ranks)")
+    p.add_argument("--aux-coef", type=float, default=0.01, help="weight of the balancing loss (0: off)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULTS["steps"])
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"], help="GLOBAL batch")
+    p.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"])
+    p.add_argument("--experts", type=positive_int, default=DEFAULTS["experts"])
+    p.add_argument("--k", type=positive_int, default=DEFAULTS["k"])
+    p.add_argument("--capacity-factor", type=positive_float, default=None)
+    p.add_argument("--dim", type=positive_int, default=DEFAULTS["dim"])
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def check(args, env=None) -> int:
+    """Every flag against the launch, before the process group: the ep size or a LaunchError."""
+    found = ranks_from_env(env)
+    world = found[2] if found else 1
+    ep = args.ep or world
+    if args.aux_coef < 0:
+        raise LaunchError(f"error: --aux-coef must be >= 0, got {args.aux_coef}")
+    if world % ep:
+        raise LaunchError(f"error: world size {world} is not divisible by --ep {ep}")
+    if args.experts % ep:
+        raise LaunchError(f"error: --experts {args.experts} do not split over --ep {ep} ranks; "
+                          f"use a multiple of {ep}")
+    if args.k > args.experts:
+        raise LaunchError(f"error: --k {args.k} exceeds --experts {args.experts}")
+    if args.batch_size % world:
+        raise LaunchError(f"error: --batch-size {args.batch_size} does not divide among {world} "
+                          f"ranks; use a multiple of {world}")
+    return ep
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    ep = check(args)
+    torch.set_num_threads(1)
+    with session(launch_hint=LAUNCH, allow_single=True, seed=args.seed) as ctx:
+        print0(f"training the MoE TransformerLM ({args.experts} experts, top-{args.k}) on the sort "
+               f"task: {ctx.world_size} processes, ep={ep}, aux_coef={args.aux_coef:g}, "
+               f"{ctx.backend} on {ctx.device.type}")
+        r = run(args.aux_coef, ep, log_every=10, steps=args.steps, batch_size=args.batch_size,
+                lr=args.lr, experts=args.experts, k=args.k, capacity_factor=args.capacity_factor,
+                dim=args.dim, seed=args.seed)
+        for i, tokens in enumerate(r["per_expert"]):
+            print0(f"layer {i}: held-out tokens per expert {tokens} (max/mean {imbalance(tokens):.2f})")
+        print0(loop.summary_line(ctx.world_size, 1, r["accuracy"], r["seconds"])
+               + f" ep={ep} steps={args.steps} aux_coef={args.aux_coef:g} imbalance={r['imbalance']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
