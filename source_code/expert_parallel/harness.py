@@ -45,7 +45,9 @@ def _layer_loss(y, g, layer):
 
 
 def layer_parity(k: int, capacity_factor, dim: int = 16, n_experts: int = 8, tokens_per_rank: int = 32,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, reduce: bool = True) -> dict:
+    """One MoE layer vs one process (see the module's docstring); ``reduce=False`` forgets to
+    sum the router's gradient over the ranks (the check must then fail)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = context().device
     if device.type == "cuda":
@@ -65,7 +67,12 @@ def layer_parity(k: int, capacity_factor, dim: int = 16, n_experts: int = 8, tok
     with comm.counting() as ledger:
         y = ep(x_r)
         _layer_loss(y, g[mine], ep).backward()
-    ep_dp.reduce_gradients(ep)                         # router summed over ranks; / world
+    if reduce:
+        ep_dp.reduce_gradients(ep)                     # router summed over ranks; / world
+    else:
+        ep.router.weight.grad /= world                 # broken: this rank's tokens only
+        for p in ep.experts.parameters():
+            p.grad /= world
     diffs = {"output": max_diff(y, ref_y[mine]),
              "input grad": max_diff(x_r.grad / world, ref_x.grad[mine]),
              "router grad": max_diff(ep.router.weight.grad, dense.router.weight.grad),
@@ -143,6 +150,14 @@ def report(model_meshes=None) -> dict:
     return {"world": world, "tol": tolerance(context().device)[0],
             "layers": [layer_parity(k, cf) for k, cf in CASES],
             "models": [model_parity(dp, ep) for dp, ep in meshes]}
+
+
+def can_fail() -> dict:
+    """For the tests: a correct case with unequal splits (gloo must carry them) and the same
+    case with the router's gradient left unreduced (must exceed the tolerance)."""
+    good = layer_parity(2, 1.0)
+    bad = layer_parity(2, 1.0, reduce=False)
+    return {"good": good, "bad": bad, "tol": tolerance(context().device)[0]}
 
 
 def worst(per_rank: list) -> float:
