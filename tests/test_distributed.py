@@ -84,10 +84,13 @@ def test_main_job_reaches_its_accuracy(torchrun):
 
 
 @pytest.mark.slow
-def test_twenty_torchrun_launches_all_exit_cleanly(torchrun):
-    """torch 2.14.1 + gloo aborted at exit in ~2-3 of 10 launches without a clean shutdown."""
+def test_ten_torchrun_launches_all_exit_cleanly(torchrun):
+    """torch 2.14.1 + gloo aborted at exit in ~2-3 of 10 launches without a clean shutdown: ten
+    launches in a row catch that with a probability of about 95 %, and every other torchrun in
+    the suite (about a hundred launches of other entry points) must exit 0 and say nothing of
+    "terminate called" too."""
     failures = []
-    for i in range(20):
+    for i in range(10):
         res = torchrun("source_code.training.ddp", "--epochs", "1", "--max-steps", "3", check=False)
         if res.returncode != 0 or "terminate called" in res.stdout:
             failures.append((i, res.returncode, res.stdout[-300:]))

@@ -41,7 +41,7 @@ def test_tolerance_is_the_cpus_on_cpu_and_wider_on_a_gpu():
     assert tolerance("cuda", 1e-6)[0] == pytest.approx(1e-5)
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 4])
+@pytest.mark.parametrize("nproc", [1, 4])  # 2 processes: notebook 05 runs it and asserts the same
 def test_ddp_matches_one_process(torchrun, nproc):
     out = torchrun("source_code.parity", nproc=nproc).stdout
     world, steps, diff = parity_result(out)

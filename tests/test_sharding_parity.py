@@ -10,7 +10,7 @@ def _clean(out: str) -> None:
     assert "terminate called" not in out, out[-2000:]
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [4])  # 2 processes: notebook 09 runs it and asserts the same
 def test_parity_with_one_process(torchrun, nproc):
     out = torchrun("source_code.sharding.parity", "--steps", "3", nproc=nproc).stdout
     _clean(out)

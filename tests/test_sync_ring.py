@@ -35,7 +35,7 @@ def boundary_sizes(world: int, per_segment: int = PER_SEGMENT) -> list:
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])  # 4 processes: notebook 02 runs it and asserts the same
 def test_implementations_match_dist_all_reduce(world):
     # "ring_small_segments" cuts chunks into 64-byte segments: the pipelined path of big buffers
     diffs = spawn(compare_with_library, world, SIZES)
