@@ -118,18 +118,20 @@ def dims_of(model) -> dict:
 def training_memory(n_params, layers: int, hidden: int, heads: int, vocab: int, batch: int, seq: int,
                     precision: str = "fp32", zero: int | str = 0, dp: int = 1,
                     checkpointing: bool = False, ffn: int = 0, device: str = "cpu",
-                    step_bytes: int = 0) -> dict:
+                    step_bytes: int = 0, loss_bytes: int = 4) -> dict:
     """Bytes one data-parallel rank holds at the start of backward, by term.
 
     {"params", "grads", "optimizer", "activations", "buffers", "total"}; gradients are counted
     as held (zero_grad(set_to_none=False), or the step's own accumulating gradients), ``batch``
     is the rank's micro-batch. With ``checkpointing`` the activations are the blocks' inputs
-    plus one block recomputed in full during its backward."""
+    plus one block recomputed in full during its backward. ``loss_bytes``: bytes of a value of
+    the log-softmax over the vocabulary (4: the loss computed in fp32; the planner assumes the
+    activations' width). ``device``: "cuda" keeps LayerNorm statistics in fp32 in 16-bit modes."""
     prec = as_precision(precision)
     out = dict(state_bytes(n_params, dp, zero, prec, step_bytes))
     out.pop("total")
     act = formula.model_activation_bytes(batch, seq, hidden, layers, heads, vocab, ffn, prec.mode,
-                                         prec.activation, device, checkpointing)["total"]
+                                         prec.activation, device, checkpointing, loss_bytes)["total"]
     if checkpointing and layers:
         act += batch * seq * formula.block_bytes_per_token(hidden, heads, ffn, prec.mode,
                                                             prec.activation, device=device, seq=seq)

@@ -106,8 +106,9 @@ def head_bytes_per_token(hidden: int, vocab: int, mode: str = "fp32", act: int =
 
 def model_activation_bytes(batch: int, seq: int, hidden: int, layers: int, heads: int, vocab: int,
                            ffn: int = 0, mode: str = "fp32", act: int = 2, device: str = "cpu",
-                           checkpointing: bool = False) -> dict:
-    """Bytes saved for backward by one forward + fp32 cross-entropy of a TransformerLM.
+                           checkpointing: bool = False, loss_bytes: int = FP32) -> dict:
+    """Bytes saved for backward by one forward + cross-entropy of a TransformerLM (its
+    log-softmax kept in fp32, or at ``loss_bytes`` a value).
 
     Returns {"blocks", "head", "other", "total"}: the blocks (kept part only when
     ``checkpointing``), the final norm, log-softmax and ids, and the rest (int64 positions,
@@ -116,7 +117,7 @@ def model_activation_bytes(batch: int, seq: int, hidden: int, layers: int, heads
     per_block = block_bytes_per_token(hidden, heads, ffn, mode, act, 1, checkpointing, device, seq)
     blocks = layers * (tokens * per_block
                        + (0 if checkpointing else block_weight_copies(hidden, ffn, mode, act)))
-    head = tokens * head_bytes_per_token(hidden, vocab, mode, act, device)
+    head = tokens * head_bytes_per_token(hidden, vocab, mode, act, device, loss_bytes)
     other = INT64 * seq + FP32 + (vocab * hidden * act if mode == "autocast" else 0)
     return {"blocks": blocks, "head": head, "other": other, "total": blocks + head + other}
 

@@ -1,0 +1,136 @@
+"""Where the bytes of training go: counted activations vs the formula, precisions, recomputation.
+
+    python -m source_code.memory.report                  # CPU, about 10 s
+    python -m source_code.memory.report --device auto    # a GPU if the policy gives one (+ allocator peak)
+    python -m source_code.memory.report --device auto --snapshot timeline.png
+
+Printed, one line each:
+
+* ``activations:`` for each configuration (batch, sequence, hidden, blocks, heads, vocabulary,
+  precision mode) the bytes autograd saves, counted with saved-tensor hooks (saved.py), and the
+  formula's (formula.py), with their relative error;
+* ``block16:`` one block in 16 bits: counted, our formula, Korthikanti et al.'s s b h (34 + 5 a s / h);
+* ``bytes_per_param:`` parameters + gradients + optimizer state per parameter after one AdamW
+  step, for fp32, bf16 autocast, bf16 with fp32 master weights, fp16 + GradScaler, pure bf16;
+* ``recompute:`` a 4-block model: peak bytes of a step and step time, none / full / selective;
+* ``accumulation:`` 4 micro-batches vs the whole batch: largest weight difference;
+* on a GPU ``gpu:`` the allocator's peak (max_memory_allocated) beside the counted peak;
+
+and last
+
+    summary: device=D ... activation_bytes_rel_error=E recompute_memory_ratio=R
+
+E: the largest relative error of the formula over the configurations (goal: E <= 0.01); R: the
+peak bytes a step allocates with full checkpointing / without, 4 blocks.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from source_code.distributed import pick_device
+from source_code.errors import run_main
+from source_code.memory import accumulation, formula, precision, recompute
+from source_code.memory.saved import saved_bytes
+from source_code.models import Block, TransformerLM
+
+# (batch, seq, hidden, layers, heads, vocab, mode)
+CONFIGS = [(4, 32, 64, 2, 4, 32, "fp32"), (2, 64, 128, 3, 8, 50, "fp32"),
+           (4, 32, 64, 2, 4, 32, "bf16"), (3, 48, 96, 1, 6, 17, "autocast")]
+DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "autocast": torch.float32}
+
+
+def counted_activations(batch, seq, hidden, layers, heads, vocab, mode, device="cpu") -> dict:
+    """{"counted", "formula", "rel_error"} for one configuration on ``device``."""
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=vocab, dim=hidden, n_layers=layers, n_heads=heads,
+                          max_len=seq).to(device, DTYPE[mode])
+    x = torch.randint(0, vocab, (batch, seq), device=device)
+    y = torch.randint(0, vocab, (batch, seq), device=device)
+
+    def forward():
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=mode == "autocast"):
+            logits = model(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())    # the loss in fp32
+
+    counted = saved_bytes(forward, model.parameters())
+    predicted = formula.model_activation_bytes(batch, seq, hidden, layers, heads, vocab, mode=mode,
+                                               device=torch.device(device).type)["total"]
+    return {"counted": counted, "formula": predicted, "rel_error": abs(counted - predicted) / predicted}
+
+
+def block16(batch: int = 4, seq: int = 128, hidden: int = 64, heads: int = 4, device="cpu") -> dict:
+    """One Block in bf16: counted bytes, our formula, the Korthikanti rule and its differences."""
+    torch.manual_seed(0)
+    block = Block(hidden, heads).to(device, torch.bfloat16)
+    x = torch.randn(batch, seq, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    kind = torch.device(device).type
+    return {"counted": saved_bytes(lambda: block(x * 1), block.parameters()),   # x * 1: the input, saved by norm1
+            "formula": batch * seq * formula.block_bytes_per_token(hidden, heads, mode="bf16", device=kind),
+            "korthikanti": formula.korthikanti_block_bytes(batch, seq, hidden, heads),
+            "differences": formula.korthikanti_differences(batch, seq, hidden, heads, kind)}
+
+
+def run(device: str = "cpu", dim: int = 64, seq: int = 64, batch: int = 8, repeats: int = 5,
+        snapshot: str | None = None) -> dict:
+    kind = torch.device(device).type
+    rows = [(c, counted_activations(*c, device=device)) for c in CONFIGS]
+    for c, r in rows:
+        print(f"activations: batch={c[0]} seq={c[1]} hidden={c[2]} blocks={c[3]} heads={c[4]} "
+              f"vocab={c[5]} mode={c[6]} counted={r['counted']} formula={r['formula']:.0f} "
+              f"rel_error={r['rel_error']:.2e}", flush=True)
+    b = block16(device=device)
+    print(f"block16: counted={b['counted']} formula={b['formula']:.0f} korthikanti={b['korthikanti']:.0f}")
+    per = precision.per_parameter()
+    print("bytes_per_param: " + " ".join(f"{w}={v['total']:.2f}" for w, v in per.items()), flush=True)
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=32, dim=dim, n_layers=4, n_heads=4, max_len=seq).to(device)
+    rec = recompute.measure(model, batch, seq, repeats)
+    print("recompute: " + " ".join(f"{m}_peak_mib={r['peak'] / 2**20:.2f} {m}_time_ratio={r['time_ratio']:.2f}"
+                                   for m, r in rec.items()), flush=True)
+    acc = accumulation.same_update()
+    print(f"accumulation: micro_batches={acc['micro_batches']} max_abs_diff={acc['max_abs_diff']:.2e}")
+    out = {"rows": rows, "block16": b, "per_param": per, "recompute": rec, "accumulation": acc,
+           "E": max(r["rel_error"] for _, r in rows), "R": rec["full"]["peak_ratio"]}
+    if kind == "cuda":
+        from source_code.memory import gpu
+        g = gpu.allocator_vs_counted(model, batch, seq, snapshot)
+        print("gpu: " + " ".join(f"{m}_allocator_peak_mib={g[m]['allocator_peak'] / 2**20:.2f} "
+                                 f"{m}_counted_peak_mib={g[m]['counted_peak'] / 2**20:.2f}" for m in gpu.MODES)
+              + f" allocator_ratio={g['allocator_ratio']:.3f}")
+        print(gpu.tf32_note())
+        out["gpu"] = g
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cpu", "auto"), default="cpu",
+                   help="auto: the device policy's choice (one GPU if there is one)")
+    p.add_argument("--dim", type=int, default=64, help="hidden size of the 4-block recomputation model")
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per recomputation mode")
+    p.add_argument("--snapshot", default=None, help="GPU only: draw the memory snapshot's timeline to this PNG")
+    args = p.parse_args(argv)
+    if args.dim < 4 or args.dim % 4 or min(args.seq, args.batch, args.repeats) < 1:
+        p.error("--dim must be a positive multiple of 4 (4 heads); --seq, --batch, --repeats >= 1")
+    device = pick_device()[0] if args.device == "auto" else torch.device("cpu")
+    if args.snapshot and device.type != "cuda":
+        p.error("--snapshot needs a GPU (--device auto on a machine with one)")
+    if device.type == "cpu":
+        torch.set_num_threads(min(torch.get_num_threads(), 2))
+    print(f"device: {device}")
+    out = run(str(device), args.dim, args.seq, args.batch, args.repeats, args.snapshot)
+    pp = out["per_param"]
+    print(f"summary: device={device} configs={len(out['rows'])} fp32_bytes_per_param={pp['fp32']['total']:.2f} "
+          f"bf16_mixed_bytes_per_param={pp['bf16-mixed']['total']:.2f} "
+          f"fp16_scaler_bytes_per_param={pp['fp16-scaler']['total']:.2f} "
+          f"activation_bytes_rel_error={out['E']:.2e} recompute_memory_ratio={out['R']:.3f}")
+    return 0 if out["E"] <= 0.01 else 1
+
+
+if __name__ == "__main__":
+    run_main(main)
