@@ -15,7 +15,8 @@ Run on every rank (``processes.spawn(bench.collectives, 4, device="cpu")``):
 * ``skew``: the dispatch of expert parallelism for routers of growing skew: the tokens of
   every rank routed by a router whose logit of expert 0 is raised by ``bias``; the send counts
   the layer would use (comm.exchange_counts's input) and the time of the payload all-to-all.
-  The most loaded rank receives the most bytes and every other rank waits for it.
+  The most loaded rank receives the most bytes and every other rank waits for it. Bias None:
+  exactly even counts, where each rank sends (n-1)/n x k x tokens rows to the others.
 """
 from __future__ import annotations
 
@@ -87,8 +88,11 @@ def collectives(sizes=tuple(SIZES), reps: int = 7) -> dict:
             "wire": {op: {s: wire_bytes(op, n, s) for s in sizes} for op in names}}
 
 
-def routed_counts(tokens: int, dim: int, n_experts: int, k: int, bias: float, seed: int) -> torch.Tensor:
-    """(E,) assignments per expert of this rank's tokens under a router skewed towards expert 0."""
+def routed_counts(tokens: int, dim: int, n_experts: int, k: int, bias, seed: int) -> torch.Tensor:
+    """(E,) assignments per expert of this rank's tokens under a router skewed towards expert 0;
+    ``bias`` None: exactly even counts (k * tokens / E each), the case the formula describes."""
+    if bias is None:
+        return torch.full((n_experts,), k * tokens // n_experts, dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, dim, generator=g)
     w = torch.randn(n_experts, dim, generator=g) / dim ** 0.5
@@ -98,7 +102,7 @@ def routed_counts(tokens: int, dim: int, n_experts: int, k: int, bias: float, se
     return router.tokens_per_expert(r.expert, n_experts, r.keep)
 
 
-def skew(biases=(0.0, 1.0, 2.0, 4.0), tokens: int = 8192, dim: int = 256, n_experts: int = 8,
+def skew(biases=(None, 0.0, 1.0, 2.0, 4.0), tokens: int = 8192, dim: int = 256, n_experts: int = 8,
          k: int = 2, reps: int = 5) -> list:
     """For each router bias: bytes each rank sends and receives, and the payload all-to-all's time."""
     n, rank, device = dist.get_world_size(), dist.get_rank(), context().device

@@ -65,7 +65,10 @@ def check_send_counts(fn) -> str:
     """Your ``send_counts(expert, keep, n_experts, world)`` against the layer's counts."""
     for i, (k, factor, world) in enumerate(CASES):
         expert, keep = _routing(k, factor, seed=i)
-        got = fn(expert.clone(), keep.clone(), 8, world)
+        try:
+            got = fn(expert.clone(), keep.clone(), 8, world)
+        except NotImplementedError:
+            got = None
         if got is None:
             raise NotImplementedError("exercise not done yet: fill in the TODO, then run this cell again")
         got = [int(v) for v in (got.tolist() if isinstance(got, torch.Tensor) else got)]

@@ -35,12 +35,17 @@ def collectives_figure(result: dict):
         got = [row["received"][r] / 2**20 for row in skew]
         bx.bar(np.arange(len(skew)) + (r - (n - 1) / 2) * width, got, width, label=f"rank {r}")
     bx.set_xticks(range(len(skew)),
-                  [f"bias {row['bias']:g}\n{1e3 * row['seconds']:.1f} ms" for row in skew])
+                  [f"{label(row['bias'])}\n{1e3 * row['seconds']:.1f} ms" for row in skew])
     bx.set_ylabel("MiB received from other ranks")
     bx.set_title("dispatch all-to-all, router biased towards expert 0 (on rank 0)", fontsize=9)
     bx.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def label(bias) -> str:
+    """How a router of bench.skew is named in tables and figures."""
+    return "even split" if bias is None else f"bias {bias:g}"
 
 
 def tokens_figure(study: dict):
@@ -62,5 +67,31 @@ def tokens_figure(study: dict):
         ax.set_title(f"layer {i}", fontsize=9)
     axes[0][0].set_ylabel("assignments (held-out batch)")
     axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def routing_figure(r, capacity: int):
+    """One routing decision (router.Routing): the router's probabilities, tokens across and
+    experts down; a circle for each kept choice (the number is 1 or 2: first or second choice),
+    a red cross for each choice over capacity."""
+    probs = r.probs.detach().numpy().T                              # (E, N)
+    fig, ax = plt.subplots(figsize=(8, 2.6))
+    im = ax.imshow(probs, cmap="Blues", aspect="auto", vmin=0)
+    for t in range(r.expert.shape[0]):
+        for j in range(r.expert.shape[1]):
+            e = int(r.expert[t, j])
+            if r.keep[t, j]:
+                ax.text(t, e, str(j + 1), ha="center", va="center", fontsize=8,
+                        bbox={"boxstyle": "circle", "fc": "white", "ec": "k", "lw": 0.6})
+            else:
+                ax.plot(t, e, "x", color="red", ms=10, mew=2)
+    ax.set_xticks(range(probs.shape[1]))
+    ax.set_yticks(range(probs.shape[0]))
+    ax.set_xlabel("token")
+    ax.set_ylabel("expert")
+    ax.set_title(f"top-{r.expert.shape[1]} routing, capacity {capacity} per expert: "
+                 "circles kept (1st / 2nd choice), red crosses dropped", fontsize=9)
+    fig.colorbar(im, ax=ax, label="router probability", fraction=0.03)
     fig.tight_layout()
     return fig
