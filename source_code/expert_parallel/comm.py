@@ -14,10 +14,12 @@ size and change every step (they depend on the router), so it takes two calls:
    came from. The second all-to-all (results back to the tokens' ranks) is this function
    again with the splits swapped.
 
-gloo: ``all_to_all_single`` with unequal splits works on gloo on torch 2.6 and 2.14 (checked
-by the tests); ``dist.all_to_all`` with a list of tensors does not (2.6: "Backend gloo does
+gloo: ``all_to_all_single`` with unequal splits works on gloo on torch 2.6, 2.11 and 2.14 (the
+compare entry point runs on each; tests/test_expert_parallel_comm.py on the pinned one);
+``dist.all_to_all`` with a list of tensors does not (2.6: "Backend gloo does
 not support alltoall"; 2.14: equal tensor sizes only), so everything here uses the single-
-buffer form, which is also what NCCL runs fastest and what production MoE code calls.
+buffer form, which is also the one production MoE code calls (torchtitan's expert parallelism
+exchanges its per-expert counts and then its tokens with all_to_all_single).
 
 Every payload call is recorded in the active ``Ledger`` (``with counting() as ledger``): the
 bytes this rank sends to and receives from *other* ranks (its piece for itself stays in place).

@@ -3,7 +3,7 @@ balancing loss.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train
     torchrun --standalone --nproc-per-node=4 -m source_code.expert_parallel.train --ep 2 --aux-coef 0
-    sbatch slurm/ddp_single_node.slurm   (with TRAIN_MODULE=source_code.expert_parallel.train)
+    TRAIN_MODULE=source_code.expert_parallel.train sbatch slurm/ddp_single_node.slurm --experts 16
 
 The TransformerLM of models.py with its MLPs swapped for MoE layers (moe.py) learns the
 generated sort task. The ranks form a (dp, ep) mesh (ep_dp.py): experts split over "ep",
