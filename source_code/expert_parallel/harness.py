@@ -13,7 +13,8 @@ Run on every rank (``processes.spawn(harness.report, n, device="cpu")``, or from
   gradients reduced over "dp" and the rest over all ranks (ep_dp.py): logits, loss and every
   gradient against one process.
 
-The largest difference over everything is what compare.py prints as ``ep_max_abs_diff``.
+The largest difference over everything (compare.parity_rows) is what compare.py prints as
+``ep_max_abs_diff``.
 """
 from __future__ import annotations
 
@@ -159,13 +160,3 @@ def can_fail() -> dict:
     bad = layer_parity(2, 1.0, reduce=False)
     return {"good": good, "bad": bad, "tol": tolerance(context().device)[0]}
 
-
-def worst(per_rank: list) -> float:
-    """The largest difference in a report (all ranks)."""
-    out = 0.0
-    for r in per_rank:
-        for case in r["layers"]:
-            out = max(out, *case["diffs"].values())
-        for m in r["models"]:
-            out = max(out, m["logits"], m["loss"], m["grads"])
-    return out
