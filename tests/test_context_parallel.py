@@ -94,3 +94,12 @@ def test_bytes_formula():
 def test_entry_point_refuses_before_starting_processes(argv, message):
     with pytest.raises(LaunchError, match=message):
         compare.main(argv)
+
+
+def test_entries_computed_count_diagonal_blocks_whole():
+    assert layout_entries(1024, 2, "contiguous") == [512 * 512, 2 * 512 * 512]
+    assert layout_entries(1024, 2, "zigzag") == [5 * 256 * 256] * 2
+
+
+def layout_entries(seq, world, name):
+    return lay.entries_per_rank(seq, world, name, causal=True)

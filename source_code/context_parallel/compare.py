@@ -21,7 +21,7 @@ from __future__ import annotations
 from source_code import processes
 from source_code.cli import Parser
 from source_code.context_parallel import harness, layout as lay, library
-from source_code.context_parallel.memory import memory_report
+from source_code.context_parallel.memory import cp_report
 from source_code.device_policy import exact_math
 from source_code.distributed import run_main
 from source_code.errors import LaunchError
@@ -34,7 +34,7 @@ def report(shape: harness.Shape = harness.Shape(), lengths=(), with_library: boo
     """Run on every rank: parity, optionally activation bytes (``lengths``) and the library."""
     exact_math()
     return {"parity": harness.parity(shape),
-            "memory": memory_report(lengths) if lengths else None,
+            "memory": cp_report(lengths) if lengths else None,
             "library": library.attempt(shape) if with_library else None}
 
 

@@ -52,18 +52,18 @@ def layouts_figure(world: int, work: dict, step_ms: dict | None = None):
     return fig
 
 
-def memory_figure(reports: dict):
-    """Saved bytes of one block forward vs sequence length: one process (naive, fused) and per
-    rank with CP on each world size of ``reports`` ({world: memory_report of rank 0})."""
+def memory_figure(full_rows: list[dict], cp: dict):
+    """Saved bytes of one block forward vs sequence length: one process (memory.full_report:
+    naive and fused attention) and per rank with CP (``cp``: {world: cp_report of rank 0})."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    any_rep = next(iter(reports.values()))
-    seqs = [row["seq"] for row in any_rep["rows"]]
+    seqs = [row["seq"] for row in full_rows]
     for ax, suffix, title in ((axes[0], "", "one block"), (axes[1], "_core", "attention core only")):
-        mib = lambda key, rep: [row[key + suffix] / 2**20 for row in rep["rows"]]  # noqa: E731
-        ax.plot(seqs, mib("full_naive", any_rep), "o-", label="1 process, scores kept")
-        ax.plot(seqs, mib("full_sdpa", any_rep), "s-", label="1 process, fused SDPA")
-        for world, rep in reports.items():
-            ax.plot(seqs, mib("cp", rep), "^--", label=f"ring attention, per rank of {world}")
+        mib = lambda key, rows: [row[key + suffix] / 2**20 for row in rows]  # noqa: E731
+        ax.plot(seqs, mib("full_naive", full_rows), "o-", label="1 process, scores kept")
+        ax.plot(seqs, mib("full_sdpa", full_rows), "s-", label="1 process, fused SDPA")
+        for world, rep in cp.items():
+            ax.plot([row["seq"] for row in rep["rows"]], mib("cp", rep["rows"]), "^--",
+                    label=f"ring attention, per rank of {world}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length t")

@@ -85,6 +85,16 @@ def work_per_rank(seq_len: int, world: int, layout: str, causal: bool) -> list[i
             for r in range(world)]
 
 
+def entries_per_rank(seq_len: int, world: int, layout: str, causal: bool) -> list[int]:
+    """Score entries each rank COMPUTES in one forward with ring.py's block kernel: a diagonal
+    block is computed whole and half of it masked (size x size), a skipped block costs nothing.
+    This, not the visible pairs, is what its compute time follows."""
+    size = check_length(seq_len, world, layout)
+    every = [c for r in range(world) for c in chunk_ids(r, world, layout)]
+    return [sum(size * size for q in chunk_ids(r, world, layout) for k in every
+                if pairs(size, q, k, causal)) for r in range(world)]
+
+
 def imbalance(work: list[int]) -> float:
     """max / min over the ranks: 1.0 is perfect balance; the step waits for the max."""
     return max(work) / min(work)

@@ -78,6 +78,7 @@ def step_times(shape: Shape = TimingShape(), steps: int = 10, warmup: int = 2) -
 def overlap(shape: Shape = TimingShape(), steps: int = 10, warmup: int = 2) -> dict:
     q, k, v, dout = inputs(shape, context().device)
     times = {True: [], False: []}
+    compute = {True: [], False: []}
     comm = []
     last = {}
     for i in range(warmup + steps):
@@ -85,12 +86,15 @@ def overlap(shape: Shape = TimingShape(), steps: int = 10, warmup: int = 2) -> d
             t, ring = _step(q, k, v, dout, "zigzag", True, ov)
             if i >= warmup:
                 times[ov].append(t)
+                compute[ov].append(_compute_s(ring))
                 if not ov:  # serialized: the waits are the transfers themselves
                     comm.append(sum(e["done"] - e["post"] for e in ring.events))
             last[ov] = {"events": ring.events, "computes": ring.computes}
     med = {ov: statistics.median(t) for ov, t in times.items()}
     comm_s = statistics.median(comm)
     return {"rank": dist.get_rank(), "overlapped": med[True], "serialized": med[False],
+            "compute_overlapped": statistics.median(compute[True]),
+            "compute_serialized": statistics.median(compute[False]),
             "comm_serialized": comm_s, "hidden": (med[False] - med[True]) / comm_s if comm_s else 0.0,
             "timeline": {"overlapped": last[True], "serialized": last[False]}}
 
