@@ -9,7 +9,7 @@ import torch
 
 from source_code.launch import faults
 from source_code.processes import torchrun
-from source_code.training.loop import parse_summary
+from source_code.training.loop import parse_records, parse_summary
 
 pytestmark = pytest.mark.fault
 
@@ -58,15 +58,15 @@ def test_mid_epoch_snapshots_resume_inside_the_epoch_bit_for_bit(tmp_path, unint
     assert "rank 1: simulated failure after global step 9 (SIGKILL)" in out
     assert f"resumed from {path} after epoch 1, step 2 of epoch 2" in out
     got, want = _weights(path), _weights(uninterrupted[0])
-    assert got["epoch"] == 3 and "step_in_epoch" not in got["extra"]  # the last snapshot is the end of epoch 3
+    assert got["epoch"] == 3 and got["extra"] == {}  # the last snapshot is the end of epoch 3
     for name, tensor in want["model"].items():
         assert torch.equal(got["model"][name], tensor), name
     # the printed epoch losses are those of the uninterrupted run (each rank's running sum kept)
     losses = lambda text: re.findall(r"epoch\s+(\d+)/3\s+loss (\S+)", text)
     assert losses(out)[-2:] == losses(uninterrupted[1])[-2:]
-    # the summary keeps every epoch's loss, the one before the kill too (it travels in the snapshot)
-    assert parse_summary(out)["losses"] == parse_summary(uninterrupted[1])["losses"]
-    assert (parse_summary(out)["resumed_epoch"], parse_summary(out)["resumed_step"]) == (1, 2)
+    # the same, as the structured lines programs read: where it resumed, the losses of the epochs it ran
+    assert parse_records(out, "resumed") == [{"epoch": 1, "step_in_epoch": 2}]
+    assert parse_summary(out)["losses"] == parse_summary(uninterrupted[1])["losses"][-2:]
 
 
 def test_kill_during_checkpoint_write_leaves_previous_snapshot_loadable(tmp_path):

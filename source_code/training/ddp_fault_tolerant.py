@@ -44,7 +44,7 @@ def train(me, args) -> dict:
     test_loader = DataLoader(data.load(args.dataset, "test", args.data_dir), batch_size=256)
 
     model, opt = loop.build(args, me.device)
-    start_epoch, skip, loss_sum, losses, resumed = 0, 0, 0.0, [], ""
+    start_epoch, skip, loss_sum = 0, 0, 0.0
     if args.resume and os.path.exists(args.checkpoint):
         snap = checkpoint.load_snapshot(args.checkpoint, model, opt)
         start_epoch = snap["epoch"]
@@ -52,10 +52,9 @@ def train(me, args) -> dict:
         skip = snap["extra"].get("step_in_epoch", 0)
         sums = snap["extra"].get("loss_sums", [])
         loss_sum = sums[me.rank] if len(sums) == me.world_size else sum(sums) / max(len(sums), 1)
-        losses = snap["extra"].get("losses", [])  # the epochs before the snapshot, for the summary
-        resumed = f" resumed_epoch={start_epoch} resumed_step={skip}"
         print0(f"resumed from {args.checkpoint} after epoch {start_epoch}"
                + (f", step {skip} of epoch {start_epoch + 1}" if skip else ""))
+        print0(f"resumed: epoch={start_epoch} step_in_epoch={skip}")  # the same, for programs to read
     elif args.resume:
         print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
     # the fault drill: rank 1 SIGKILLs itself after global step --crash-at-step, first attempt only
@@ -68,6 +67,7 @@ def train(me, args) -> dict:
     print0(f"training {args.model} on {args.dataset}: {len(train_set)} examples, world_size="
            f"{me.world_size}, global batch {args.batch_size} ({batch} per rank), "
            f"{me.backend} on {me.device.type}")
+    losses = []
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # (5) a new shuffle every epoch, identical on all ranks
 
@@ -75,7 +75,7 @@ def train(me, args) -> dict:
             sums = [None] * me.world_size  # each rank's running loss, for the epoch's mean
             dist.all_gather_object(sums, loss_so_far)
             checkpoint.save_snapshot(args.checkpoint, model, opt, epoch,
-                                     extra={"step_in_epoch": step, "loss_sums": sums, "losses": losses})
+                                     extra={"step_in_epoch": step, "loss_sums": sums})
         local_loss, steps = loop.train_epoch(model, loader, opt, me.device, args.max_steps,
                                              skip=skip, loss_sum=loss_sum, every=args.snapshot_every,
                                              on_step=snapshot_mid_epoch)
@@ -88,10 +88,10 @@ def train(me, args) -> dict:
         print0(f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  held-out accuracy "
                f"{accuracy:.4f}  steps {steps}  {timer.seconds:6.1f}s")
         if args.checkpoint:
-            checkpoint.save_snapshot(args.checkpoint, model, opt, epoch + 1, extra={"losses": losses})
+            checkpoint.save_snapshot(args.checkpoint, model, opt, epoch + 1)
     if me.is_main and start_epoch >= args.epochs:
         accuracy = loop.evaluate(model.module, test_loader, me.device)
-    print0(loop.summary_line(me.world_size, args.epochs, accuracy, timer.seconds, losses) + resumed)
+    print0(loop.summary_line(me.world_size, args.epochs, accuracy, timer.seconds, losses))
     return {"accuracy": accuracy}
 
 
