@@ -56,8 +56,10 @@ ENTRY_POINTS = [
     ("15", T, 2, "source_code.profiling.profile_ddp", "--trace-dir TMP/traces"),
     ("15", P, 1, "source_code.profiling.scaling", "--procs 1,2 --steps 5"),
     ("16", T, 2, "source_code.frameworks.lightning_train", "--epochs 1 --max-steps 4"),
+    ("16", T, 2, "source_code.frameworks.lightning_train", "--strategy model-parallel --epochs 1 --max-steps 4"),
     ("16", T, 2, "source_code.frameworks.accelerate_train", "--epochs 1 --max-steps 4"),
     ("16", T, 2, "source_code.frameworks.deepspeed_train", "--epochs 1 --max-steps 4 --zero-stage 2"),
+    ("16", T, 2, "source_code.frameworks.deepspeed_train", "--epochs 1 --max-steps 4 --zero-stage 3"),
 ]
 NEEDS = {"lightning_train": "lightning", "accelerate_train": "accelerate", "deepspeed_train": "deepspeed"}
 # an exit status 0 is not enough where a script could end well and still be wrong

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from source_code import torch_versions
 from source_code.distributed import all_reduce_mean, print0, run_main
 from source_code.errors import LaunchError
 from source_code.frameworks import common
@@ -104,6 +105,8 @@ def main(argv=None):
     if args.strategy == "fsdp" and job.device_type != "cuda":
         raise LaunchError("error: Lightning's FSDPStrategy needs GPUs; on CPU use --strategy "
                           "model-parallel (fully_shard through ModelParallelStrategy)")
+    if args.strategy == "model-parallel":
+        torch_versions.require("fsdp2", job.device_type)   # fully_shard inside Lightning: the same limits
     return common.run(train, args, job)
 
 
