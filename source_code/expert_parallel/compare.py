@@ -56,6 +56,8 @@ def main(argv=None):
     per_world = {n: processes.spawn(harness.report, n, device=args.device, stream=False) for n in WORLDS}
     rows = parity_rows(per_world)
     tol = max(r[0]["tol"] for r in per_world.values())
+    for n, per_rank in per_world.items():   # where each run computed, and the tolerance that follows
+        print(f"{n} ranks on {per_rank[0]['device']}: {per_rank[0]['why']}")
     for row in rows:
         print(f"parity world={row['world']} {row['what']}: max |diff| {row['worst']:.1e}")
     study = processes.spawn(train.balance_study, 2, args.aux_coef, args.steps,

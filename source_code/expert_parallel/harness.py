@@ -148,7 +148,8 @@ def report(model_meshes=None) -> dict:
     """Every layer case and the model on every (dp, ep) of this world size; run on all ranks."""
     world = dist.get_world_size()
     meshes = model_meshes or [(world // ep, ep) for ep in (2, 4) if world % ep == 0]
-    return {"world": world, "tol": tolerance(context().device)[0],
+    tol, why = tolerance(context().device)
+    return {"world": world, "tol": tol, "why": why, "device": str(context().device),
             "layers": [layer_parity(k, cf) for k, cf in CASES],
             "models": [model_parity(dp, ep) for dp, ep in meshes]}
 
