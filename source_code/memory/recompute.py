@@ -23,7 +23,6 @@ not counted), and times steps of the three interleaved.
 """
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 
@@ -140,5 +139,3 @@ def same_gradients(model, batch: int = 2, seq: int = 16, modes=MODES) -> float:
     model.zero_grad(set_to_none=True)
     return max((a - b).abs().max().item() for m in modes for a, b in zip(grads[m], grads["none"]))
 
-
-recompute = functools.partial(measure)  # noqa: E305 - the name the notebook reads aloud

@@ -1,6 +1,6 @@
 """Where the bytes of training go: counted activations vs the formula, precisions, recomputation.
 
-    python -m source_code.memory.report                  # CPU, about 10 s
+    python -m source_code.memory.report                  # CPU, about 15 s
     python -m source_code.memory.report --device auto    # a GPU if the policy gives one (+ allocator peak)
     python -m source_code.memory.report --device auto --snapshot timeline.png
 
