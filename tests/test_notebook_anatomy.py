@@ -4,6 +4,8 @@ What a learner meets first (outcomes, times, an exercise, take-aways) and what s
 a reference solution never shown right under its exercise (its cell is collapsed, source and
 output, so a learner tries first; the cell still runs under nbval and in the tests)."""
 import json
+import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,58 @@ def test_reference_solutions_are_collapsed(path):
              and not (c["metadata"].get("jupyter", {}).get("source_hidden")
                       and c["metadata"].get("jupyter", {}).get("outputs_hidden"))]
     assert not shown, f"cells {shown} show a reference solution: collapse source and output"
+
+
+TIME_COMMENT = re.compile(r"# about (\d+(?:\.\d+)?) s on 2 CPU cores\b")
+
+
+def stored_seconds(cell: dict) -> float | None:
+    """How long the stored run of a code cell took (nbconvert's execution timings), or None."""
+    ex = cell["metadata"].get("execution", {})
+    if "iopub.execute_input" not in ex or "shell.execute_reply" not in ex:
+        return None
+    start, end = (datetime.fromisoformat(ex[k].replace("Z", "+00:00"))
+                  for k in ("iopub.execute_input", "shell.execute_reply"))
+    return (end - start).total_seconds()
+
+
+def time_problems(path: Path) -> list[str]:
+    """A code cell over 10 s in the stored run says first how long it takes (`# about N s on 2
+    CPU cores`), and a stated N is within a factor of 2 of the stored time, whatever the cell's
+    length."""
+    problems = []
+    for i, c in enumerate(cells(path)):
+        seconds = stored_seconds(c) if c["cell_type"] == "code" else None
+        if seconds is None:
+            continue
+        first = text(c).split("\n", 1)[0]
+        stated = TIME_COMMENT.match(first)
+        if stated is None and seconds > 10:
+            problems.append(f"{path.name} cell {i} took {seconds:.0f} s in the stored run: make its "
+                            f"first line `# about {seconds:.0f} s on 2 CPU cores`")
+        elif stated and not seconds / 2 <= float(stated[1]) <= seconds * 2:
+            problems.append(f"{path.name} cell {i} says about {stated[1]} s but took {seconds:.0f} s in "
+                            f"the stored run: state `# about {seconds:.0f} s on 2 CPU cores` (or make "
+                            f"the cell fast again)")
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_long_cells_say_how_long_they_take(path):
+    problems = time_problems(path)
+    assert not problems, "\n".join(problems)
+
+
+def test_time_check_catches_a_missing_or_wrong_estimate(tmp_path):
+    def cell(source, seconds):
+        return {"cell_type": "code", "source": source, "metadata": {"execution": {
+            "iopub.execute_input": "2026-01-01T00:00:00.000000Z",
+            "shell.execute_reply": f"2026-01-01T00:00:{seconds:02d}.000000Z"}}}
+    nb = tmp_path / "99_x.ipynb"
+    for source, seconds, bad in [("run()", 12, True), ("# about 12 s on 2 CPU cores\nrun()", 12, False),
+                                 ("# about 40 s on 2 CPU cores\nrun()", 12, True),
+                                 ("# about 3 s on 2 CPU cores\nrun()", 12, True),
+                                 ("run()\n# about 12 s on 2 CPU cores", 12, True),
+                                 ("# about 20 s on 2 CPU cores\nrun()", 5, True), ("run()", 9, False)]:
+        nb.write_text(json.dumps({"cells": [cell(source, seconds)]}))
+        assert bool(time_problems(nb)) == bad, (source, seconds)
