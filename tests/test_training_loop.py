@@ -73,3 +73,9 @@ def test_summary_and_records_are_read_as_structured_values():
     assert loop.parse_records(text, "hsdp") == [{"placements": "(Replicate(),Shard(dim=0))",
                                                  "calls": "all_gather:6,all_reduce:3", "equal": "True"}]
     assert loop.parse_records(text, "summary") == []
+
+
+def test_a_long_run_summary_keeps_the_last_epochs_losses():
+    line = loop.summary_line(2, 3600, 0.5, 90.0, [float(i) for i in range(3600)])
+    got = loop.parse_summary(line)["losses"]
+    assert len(got) == loop.LOSSES_SHOWN and got[-1] == 3599.0 and len(line) < 1500

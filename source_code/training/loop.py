@@ -142,9 +142,14 @@ class Timer:
 def summary_line(world_size: int, epochs: int, accuracy: float, seconds: float,
                  losses: list[float] = ()) -> str:
     """The last line every training script prints; tests and notebooks read it with
-    parse_summary. ``losses``: the mean loss of every epoch, as the epoch lines print them."""
+    parse_summary. ``losses``: the mean loss of every epoch, as the epoch lines print them (the
+    last LOSSES_SHOWN of a longer run, so that one line stays a line)."""
     line = f"summary: world_size={world_size} epochs={epochs} accuracy={accuracy:.4f} seconds={seconds:.1f}"
-    return line + (" losses=[" + ",".join(f"{loss:.4f}" for loss in losses) + "]" if losses else "")
+    shown = list(losses)[-LOSSES_SHOWN:]
+    return line + (" losses=[" + ",".join(f"{loss:.4f}" for loss in shown) + "]" if shown else "")
+
+
+LOSSES_SHOWN = 100
 
 
 def _value(text: str):
