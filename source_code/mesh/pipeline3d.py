@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from source_code import torch_versions
 from source_code.distributed import context
+from source_code.errors import run_main
 from source_code.mesh import reference
 from source_code.mesh.parity import full_weights, quiet_redistribute_warnings
 from source_code.mesh.tp import apply_tp
@@ -111,6 +113,8 @@ def run_3d(pp: int = 2, dp: int = 2, tp: int = 2, steps: int = 2, batch_size: in
 def main(argv=None):
     import time
     from source_code.processes import spawn
+    from source_code.device_policy import choose
+    torch_versions.require("gpipe", choose(0, 8).device)   # 2.9 on gloo: one line, not an abort
     start = time.perf_counter()
     results = spawn(run_3d, 8)   # the device policy decides (WORKSHOP_DEVICE=cpu: the CPU)
     worst = max(r["max_abs_diff"] for r in results)
@@ -122,4 +126,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

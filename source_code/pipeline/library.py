@@ -33,7 +33,7 @@ LIBRARY = {  # our name -> (class name in torch.distributed.pipelining, stages p
 
 
 # what a schedule needs beyond its class (source_code/torch_versions.py: measured per torch)
-NEEDS = {"lib-1f1b": "pipelining", "lib-interleaved-1f1b": "pipelining",
+NEEDS = {"lib-gpipe": "gpipe", "lib-1f1b": "pipelining", "lib-interleaved-1f1b": "pipelining",
          "lib-zero-bubble": "pipelining", "lib-zbv": "zbv"}
 
 

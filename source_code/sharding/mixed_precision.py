@@ -64,4 +64,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from source_code.errors import run_main   # a LaunchError: its one line, exit status 2
+    run_main(main)
