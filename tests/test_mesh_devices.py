@@ -12,7 +12,7 @@ from source_code import device_policy, distributed
 from source_code.distributed import Context
 from source_code.mesh import layout, parity, pipeline3d, reference
 from source_code.planner import measured
-from source_code.sharding import workload
+from source_code import workload
 from source_code.tensor_parallel import compare, harness
 
 

@@ -5,6 +5,7 @@ import time
 import pytest
 import torch
 
+from source_code import measure
 from source_code.pipeline import schedules
 
 
@@ -12,10 +13,10 @@ def test_clock_synchronises_on_cuda_only(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
     before = time.perf_counter()
-    assert schedules.clock(torch.device("cuda", 0)) >= before
+    assert measure.clock(torch.device("cuda", 0)) >= before
     assert calls == [(torch.device("cuda", 0),)]
-    schedules.clock(torch.device("cpu"))
-    schedules.clock("cpu")
+    measure.clock(torch.device("cpu"))
+    measure.clock("cpu")
     assert len(calls) == 1  # the CPU path reads the clock at once
 
 

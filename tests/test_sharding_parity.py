@@ -21,7 +21,8 @@ def test_parity_with_one_process(torchrun, nproc):
 
 def test_memory_ratio_and_predictions_at_4_ranks():
     from source_code.processes import spawn
-    from source_code.sharding import memory_report, workload
+    from source_code import workload
+    from source_code.sharding import memory_report
     cfg = workload.model_config(dim=64, n_layers=2)
     rows = spawn(memory_report.measure_rank, 4, cfg, 8, ("ddp", "zero2", "fsdp"))[0]
     assert memory_report.ratio(rows) <= 0.275

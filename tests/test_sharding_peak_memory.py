@@ -7,7 +7,7 @@ without a GPU: torch.cuda claims to be available and every memory function is a 
 import pytest
 import torch
 
-from source_code.sharding.measure import PeakRSS
+from source_code.measure import PeakRSS
 
 MEMORY_FUNCTIONS = ("reset_peak_memory_stats", "memory_allocated", "max_memory_allocated")
 

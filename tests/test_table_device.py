@@ -12,7 +12,7 @@ import pytest
 from source_code import device_policy, processes
 from source_code.profiling import scaling
 from source_code.sharding import memory_report
-from source_code.sharding.measure import table_device
+from source_code.measure import table_device
 
 
 def gpus(count: int) -> device_policy.Gpus:
@@ -87,5 +87,5 @@ def test_memory_lines_refuse_rows_from_different_devices():
 
 
 def workload_cfg():
-    from source_code.sharding import workload
+    from source_code import workload
     return workload.model_config(dim=8, n_layers=1)

@@ -30,7 +30,7 @@ from source_code.expert_parallel import comm, ep_dp, router
 from source_code.expert_parallel.ep_layer import EPMoE
 from source_code.expert_parallel.moe import MoE, aux_loss, moe_transformer
 from source_code.parity import tolerance
-from source_code.sharding import workload
+from source_code import workload
 
 CASES = [(1, None), (1, 1.0), (2, None), (2, 1.0)]   # (k, capacity factor); None: no dropping
 AUX_COEF = 0.1

@@ -25,7 +25,7 @@ from source_code.cli import Parser, positive_float, positive_int
 from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
 from source_code.expert_parallel import ep_dp
 from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer
-from source_code.sharding import workload
+from source_code import workload
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train"

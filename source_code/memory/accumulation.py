@@ -4,7 +4,7 @@
 
 Activations grow with the batch; the update should not depend on how the batch is cut. Split
 a batch of B sequences into m micro-batches, weigh each micro-batch's summed loss by the
-number of targets of the WHOLE batch (pipeline.stages.lm_loss), call backward on each (the
+number of targets of the WHOLE batch (workload.lm_loss), call backward on each (the
 gradients add up in ``.grad``), step once: the update equals the big batch's, with 1/m of
 its activations alive at a time.
 
@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from source_code.pipeline.stages import lm_loss
-from source_code.sharding import workload
+from source_code.workload import lm_loss
+from source_code import workload
 
 BATCH = 8
 LR = 0.5
@@ -70,7 +70,7 @@ def same_update(micro_batches: int = 4, steps: int = 2) -> dict:
 
 
 def _ddp_run(ctx, world: int, micro_batches: int, steps: int, use_no_sync: bool):
-    from source_code.sharding.measure import CommCounter
+    from source_code.measure import CommCounter
     model = DDP(workload.build_model(workload.model_config(), 0, ctx.device), device_ids=ctx.device_ids)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     counter = CommCounter(world)

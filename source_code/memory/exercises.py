@@ -22,7 +22,7 @@ from source_code.memory import recompute
 from source_code.memory.live import LiveBytes
 from source_code.memory.saved import saved_bytes
 from source_code.models import TransformerLM
-from source_code.sharding.measure import optimizer_tensors, tensor_bytes
+from source_code.measure import optimizer_tensors, tensor_bytes
 
 EXERCISE = {"vocab": 32, "hidden": 128, "layers": 2, "heads": 4, "batch": 4, "seq": 32}
 TOLERANCE = 0.10

@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from source_code.sharding import mixed_precision, workload
-from source_code.sharding.measure import optimizer_tensors, tensor_bytes
+from source_code import workload
+from source_code.sharding import mixed_precision
+from source_code.measure import optimizer_tensors, tensor_bytes
 
 WAYS = ("fp32", "autocast", "bf16-mixed", "fp16-scaler", "bf16-pure")
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.distributed import context
-from source_code.sharding.measure import DTensor
+from source_code.measure import DTensor
 
 
 def groups(mesh_grid: torch.Tensor, dim: int) -> list[list[int]]:
@@ -58,7 +58,7 @@ def describe(dp: int = 2, tp: int = 2, names=("layers.0.attn.wq.weight", "layers
     placements, every rank's local shape and its owner map."""
     from source_code.mesh.parity import quiet_redistribute_warnings
     from source_code.mesh.tp import build_2d
-    from source_code.sharding import workload
+    from source_code import workload
     quiet_redistribute_warnings()
     device = context().device
     mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))

@@ -26,9 +26,9 @@ from source_code.cli import Parser, positive_float, positive_int
 from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
 from source_code.mesh import reference
 from source_code.mesh.tp import build_2d, check_divisible
-from source_code.pipeline.stages import lm_loss
-from source_code.sharding import workload
-from source_code.sharding.measure import DTensor
+from source_code.workload import lm_loss
+from source_code import workload
+from source_code.measure import DTensor
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.mesh.parity"
 

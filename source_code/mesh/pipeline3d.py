@@ -33,8 +33,9 @@ from source_code.errors import run_main
 from source_code.mesh import reference
 from source_code.mesh.parity import full_weights, quiet_redistribute_warnings
 from source_code.mesh.tp import apply_tp
-from source_code.pipeline.stages import TransformerStage, lm_loss
-from source_code.sharding import workload
+from source_code.pipeline.stages import TransformerStage
+from source_code.workload import lm_loss
+from source_code import workload
 
 
 def build_stage(cfg: dict, seed: int, mesh, device="cpu"):

@@ -1,7 +1,7 @@
 """The one-process reference every mesh must equal: the whole global batch, one model.
 
 The loss of a step is the summed cross-entropy of the global batch / its number of scored
-targets (``pipeline.stages.lm_loss``). Split any way (dp slices, microbatches), each piece
+targets (``workload.lm_loss``). Split any way (dp slices, microbatches), each piece
 computes the same sum over its samples divided by the same global count, so the pieces'
 gradients ADD UP to the reference gradient: data parallelism sums them (an all-reduce SUM, or
 FSDP2's average x dp), the pipeline schedule accumulates microbatches.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from source_code import device_policy
-from source_code.pipeline.stages import lm_loss
-from source_code.sharding import workload
+from source_code.workload import lm_loss
+from source_code import workload
 
 
 def batches(steps: int, batch_size: int, seed: int = 0, n: int = 256):

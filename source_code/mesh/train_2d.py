@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.distributed import LaunchError, print0, ranks_from_env, run_main, session
 from source_code.mesh.tp import build_2d, check_divisible
-from source_code.sharding import workload
+from source_code import workload
 from source_code.tensor_parallel.placement import check_tp_in_node
 from source_code.training import loop
 

@@ -10,7 +10,7 @@ p = the number of processes, one stage each. The model is an MLP stack with the 
 every stage and a fixed microbatch size (256 rows x width 256: a 256 KB message), so an
 operation costs the same for every m. For each m, GPipe and 1F1B run --steps steps
 interleaved after a warm-up step; every stage records the start and end of each forward and
-backward on one clock (perf_counter; on a GPU read after synchronising, ``schedules.clock``,
+backward on one clock (perf_counter; on a GPU read after synchronising, ``measure.clock``,
 so that a message still in flight counts as idle), and
 
     bubble = idle time / (p x step time)

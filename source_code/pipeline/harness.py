@@ -29,7 +29,8 @@ from source_code.distributed import context
 from source_code.parity import tolerance
 from source_code.pipeline import library, simulator, stages
 from source_code.pipeline.comms import StageLink
-from source_code.pipeline.schedules import clock, run_step
+from source_code.measure import clock
+from source_code.pipeline.schedules import run_step
 
 
 TOL = 1e-6  # max |gradient or loss - unsplit| in fp32 on the CPU (measured: <= 5e-7, notebook 10)
@@ -153,7 +154,7 @@ def timed_steps(schedules, m: int, steps: int, work: Workload = Workload(), warm
 
     Returns {schedule: {"step_s": [...], "records": [[...] per step] (own schedules)}} with
     step times measured on this rank between two barriers, the end once this rank's device
-    has finished its step (``schedules.clock``) and every rank has reached the barrier."""
+    has finished its step (``measure.clock``) and every rank has reached the barrier."""
     ctx = context()
     p, s = ctx.world_size, ctx.rank
     full = work.full_model().to(ctx.device)

@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from source_code.measure import clock  # noqa: F401  (schedules.clock: the one synchronised clock)
+
 
 class SavedBytes:
     """Bytes of the tensors a forward keeps for its backward (parameters excluded).
@@ -57,19 +59,6 @@ class SavedBytes:
         return total
 
 
-def clock(device) -> float:
-    """``time.perf_counter()`` once ``device`` has finished everything queued on it so far.
-
-    On a GPU the CPU runs ahead: a forward returns when its kernels are queued, and NCCL's
-    ``Work.wait()`` makes the compute stream wait for a receive, not the CPU. A start read right
-    after a receive's ``wait()`` would count the wait for the message as busy time, and an end
-    read after the forward's call would come before the GPU did the work. So on CUDA the clock
-    is read after ``torch.cuda.synchronize`` (every stream of the device: compute and NCCL's):
-    after a receive it says when the message was there, after a computation when it was done.
-    On the CPU gloo's ``wait()`` blocks and operators compute when called: read it at once."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def hold_until(deadline: float) -> None:

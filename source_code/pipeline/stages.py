@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from source_code import models
+from source_code.workload import lm_loss  # noqa: F401  (the loss every stage split uses)
 
 
 def split_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
@@ -81,14 +82,6 @@ class MLPStage(nn.Sequential):
         self.source_names = [f"{i}.{n}" for i in range(lo, hi) for n, _ in full[i].named_parameters()]
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, n_valid: int) -> torch.Tensor:
-    """Summed cross-entropy of one microbatch / valid targets of the WHOLE batch.
-
-    logits: (b, t, vocab), targets: (b, t) with -100 where nothing is predicted. The sum over
-    microbatches is the whole batch's mean loss, whatever each microbatch's share of targets.
-    """
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
-                           reduction="sum") / n_valid
 
 
 def mse_loss(out: torch.Tensor, target: torch.Tensor, n_total: int) -> torch.Tensor:

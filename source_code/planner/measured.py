@@ -4,7 +4,7 @@
 AdamW step in each configuration of ``CONFIGS`` and counts, on rank 0:
 
 * the bytes of its local parameters, gradients and optimizer state after the step
-  (sharding.measure.state_bytes: a DTensor counts its local shard);
+  (measure.state_bytes: a DTensor counts its local shard);
 * the bytes autograd saved for backward in the forward (parameters excluded);
 * the payload of every collective of forward + backward, by kind (``CollectiveCounter``:
   c10d's collectives, issued by DDP and FSDP2, the functional collectives that DTensor's
@@ -35,10 +35,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from source_code.distributed import context
 from source_code.mesh.tp import apply_fsdp, apply_tp, build_2d
-from source_code.pipeline.stages import lm_loss
+from source_code.workload import lm_loss
 from source_code.planner.spec import Config
-from source_code.sharding import workload
-from source_code.sharding.measure import CommCounter, local, state_bytes, tensor_bytes
+from source_code import workload
+from source_code.measure import CommCounter, local, state_bytes, tensor_bytes
 
 # name -> (dp, tp, ZeRO stage, pp, micro-batches per step and pipeline) on 4 ranks
 CONFIGS = {"ddp": (4, 1, 0, 1, 1), "fsdp": (4, 1, 3, 1, 1), "tp": (1, 4, 0, 1, 1),

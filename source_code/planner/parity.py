@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from source_code.distributed import context
-from source_code.pipeline.stages import lm_loss
+from source_code.workload import lm_loss
 from source_code.planner.accumulation import AccumulatingZero
-from source_code.sharding import workload
+from source_code import workload
 
 BATCH = 8
 

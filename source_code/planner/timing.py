@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from source_code.distributed import context
-from source_code.pipeline.stages import lm_loss
+from source_code.workload import lm_loss
 from source_code.planner.search import evaluate
 from source_code.planner.spec import Cluster, Config, Model
-from source_code.sharding import workload
+from source_code import workload
 
 DIM, LAYERS, HEADS = 256, 4, 4
 ZEROS = (1, 2, 3)

@@ -10,7 +10,7 @@
 (t: time per step, thr: samples/s.) In samples/s both read the same; what differs is the work.
 
 Every row runs on the same kind of device, and the table's first line says which
-(sharding.measure.table_device): one GPU per process when the node has a GPU for each process
+(measure.table_device): one GPU per process when the node has a GPU for each process
 of the largest count, otherwise every count on the CPU ("device: cpu (1 GPU < 2 processes)"):
 a ratio of GPU samples/s to CPU samples/s would say nothing about scaling.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 from source_code import processes
 from source_code.cli import Parser, positive_int
 from source_code.errors import LaunchError, run_main
-from source_code.sharding.measure import table_device
+from source_code.measure import table_device
 from source_code.training.loop import parse_summary
 
 

@@ -5,9 +5,9 @@ Lessons (the algorithms):
 * zero.py           -- ZeRO stage 1 and 2 by hand (ZeroAdamW)
 * fsdp.py           -- FSDP2 fully_shard per block, meta-device initialisation
 * checkpointing.py  -- DCP save/load with an atomic switch, full state dicts for export
-Shared pieces:
-* workload.py       -- TransformerLM config, shard-independent initial weights, global batches
-* measure.py        -- bytes of local tensors, collectives counted, peak process memory
+Shared plumbing it uses (source_code/): workload.py (TransformerLM config, shard-independent
+initial weights, global batches), measure.py (bytes of local tensors, collectives counted, peak
+process memory, the synchronised clock).
 Scripts and harnesses:
 * train.py          -- FSDP2 training with DCP checkpoints, resumable on any number of ranks
 * parity.py         -- ZeRO-1/2, ZeroRedundancyOptimizer, FSDP2 vs one process

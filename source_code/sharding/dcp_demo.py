@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from source_code.distributed import LaunchError, print0, run_main, session
 from source_code.sharding import checkpointing
 from source_code.sharding.fsdp import build_sharded
-from source_code.sharding.measure import local
+from source_code.measure import local
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.sharding.dcp_demo --checkpoint DIR"
 

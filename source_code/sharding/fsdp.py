@@ -28,7 +28,7 @@ from torch import nn
 
 from source_code import torch_versions
 from source_code.models import TransformerLM
-from source_code.sharding.workload import init_weights
+from source_code.workload import init_weights
 
 try:  # public from torch 2.6 on
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -75,6 +75,6 @@ def build_sharded(cfg: dict, mesh, seed: int, device, meta: bool = True,
 def unsharded_parameter_bytes(model: nn.Module) -> int:
     """Bytes of parameters that are currently full tensors (FSDP swaps in plain tensors while a
     group is unsharded, and DTensor shards when it is resharded)."""
-    from source_code.sharding.measure import DTensor
+    from source_code.measure import DTensor
     return sum(p.numel() * p.element_size() for p in model.parameters()
                if not isinstance(p, DTensor))

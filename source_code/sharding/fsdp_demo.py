@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.distributed import print0, run_main, session
-from source_code.sharding import workload
+from source_code import workload
 from source_code.sharding.fsdp import MixedPrecisionPolicy, build_sharded, unsharded_parameter_bytes
-from source_code.sharding.measure import CommCounter, PeakRSS, local
+from source_code.measure import CommCounter, PeakRSS, local
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.sharding.fsdp_demo"
 

@@ -33,9 +33,9 @@ from source_code import torch_versions
 from source_code.errors import run_main
 from source_code.distributed import context
 from source_code.planner import memory as planner
-from source_code.sharding import workload
+from source_code import workload
 from source_code.sharding.fsdp import build_sharded
-from source_code.sharding.measure import CommCounter, PeakRSS, state_bytes, table_device, tensor_bytes
+from source_code.measure import CommCounter, PeakRSS, state_bytes, table_device, tensor_bytes
 from source_code.sharding.zero import ZeroAdamW
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "fsdp_keep")  # fsdp_keep: reshard_after_forward=False

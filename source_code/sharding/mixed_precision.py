@@ -20,8 +20,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from source_code.sharding import workload
-from source_code.sharding.measure import tensor_bytes
+from source_code import workload
+from source_code.measure import tensor_bytes
 
 
 def bf16_step_bytes(cfg: dict, seed: int = 0, batch_size: int = 8) -> dict:

@@ -41,9 +41,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.distributed import print0, run_main, session
 from source_code.profiling import classify
-from source_code.sharding import workload
+from source_code import workload
 from source_code.sharding.fsdp import build_sharded
-from source_code.sharding.measure import CommCounter, DTensor
+from source_code.measure import CommCounter, DTensor
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.sharding.overlap"
 VARIANTS = ("none", "prefetch", "prefetch_async")

@@ -23,9 +23,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from source_code.distributed import LaunchError, print0, run_main, session
-from source_code.sharding import workload
+from source_code import workload
 from source_code.sharding.fsdp import build_sharded
-from source_code.sharding.measure import DTensor
+from source_code.measure import DTensor
 from source_code.sharding.zero import ZeroAdamW
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.sharding.parity"

@@ -26,7 +26,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from source_code import data
 from source_code.cli import Parser, nonnegative_int, positive_float, positive_int
 from source_code.distributed import LaunchError, all_reduce_mean, print0, ranks_from_env, run_main, session
-from source_code.sharding import checkpointing, workload
+from source_code import workload
+from source_code.sharding import checkpointing
 from source_code.sharding.fsdp import build_sharded
 from source_code.training import loop
 

@@ -11,11 +11,14 @@
   MALLOC_MMAP_THRESHOLD_=65536 so freed memory goes back to the OS; on a GPU
   torch.cuda.max_memory_allocated of that GPU. A rank on the CPU never calls into CUDA (which
   would create a CUDA context, hundreds of MiB, on a GPU that another rank may be using);
+* ``clock(device)``: perf_counter once the device has done its queued work (CUDA synchronised):
+  the one clock for timing a step, a transfer or a stage on any device;
 * ``table_device(counts)``: one kind of device for every row of a table over process counts
   (1, 2, 4 ...), and the line that says which.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import torch
@@ -181,3 +184,17 @@ def table_device(counts, env=None, gpus: device_policy.Gpus | None = None) -> tu
     else:
         why = "asked for: WORKSHOP_DEVICE=cpu"
     return "cpu", f"device: cpu ({why}): every row on the CPU"
+
+def clock(device) -> float:
+    """``time.perf_counter()`` once ``device`` has finished everything queued on it so far.
+
+    On a GPU the CPU runs ahead: a forward returns when its kernels are queued, and NCCL's
+    ``Work.wait()`` makes the compute stream wait for a receive, not the CPU. A start read right
+    after a receive's ``wait()`` would count the wait for the message as busy time, and an end
+    read after the forward's call would come before the GPU did the work. So on CUDA the clock
+    is read after ``torch.cuda.synchronize`` (every stream of the device: compute and NCCL's):
+    after a receive it says when the message was there, after a computation when it was done.
+    On the CPU gloo's ``wait()`` blocks and operators compute when called: read it at once."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -8,7 +8,9 @@
   at a time, so the whole model is never materialised on a rank);
 * ``global_batch(dataset, step, batch_size, seed)``: the samples of global step ``step``, the
   same whatever the number of ranks; ``rank_slice`` cuts a rank's part out of it;
-* ``loss_fn``: next-token cross-entropy (targets -100 are ignored).
+* ``loss_fn``: next-token cross-entropy (targets -100 are ignored);
+* ``lm_loss``: one piece's summed cross-entropy over the valid targets of the WHOLE batch, so
+  that the pieces of any split (data-parallel slices, microbatches) add up to the batch's mean.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from torch import nn
 
 from source_code import data
 from source_code.models import TransformerLM
-from source_code.sharding.measure import DTensor
+from source_code.measure import DTensor
 
 SORT_VOCAB = 17  # 16 symbols + the separator of data.sequence_task
 
@@ -108,3 +110,12 @@ def token_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     pred = model(x).argmax(-1)                                       # (b, T)
     keep = y != -100
     return (pred[keep] == y[keep]).float().mean().item()
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, n_valid: int) -> torch.Tensor:
+    """Summed cross-entropy of one microbatch / valid targets of the WHOLE batch.
+
+    logits: (b, t, vocab), targets: (b, t) with -100 where nothing is predicted. The sum over
+    microbatches is the whole batch's mean loss, whatever each microbatch's share of targets.
+    """
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                           reduction="sum") / n_valid
