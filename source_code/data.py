@@ -39,6 +39,17 @@ WIKI_DIR = "wikitext-2-raw"
 WIKI_FILES = {"train": "wiki.train.raw", "valid": "wiki.valid.raw", "test": "wiki.test.raw"}
 
 
+IMAGES = ("digits", "mnist", "cifar10")   # (image, label) pairs: the CNNs' datasets
+TOKENS = ("sort", "copy", "wikitext2")     # (input, target) token blocks: the TransformerLM's
+
+
+def resolve_dir(given=None) -> str:
+    """THE data directory of every entry point and Slurm script: ``--data-dir`` when given, else
+    the environment variable WORKSHOP_DATA (a course's one shared, read-only copy), else ``data``.
+    Reading never writes into it; ``prepare`` writes everything the readers need."""
+    return os.fspath(given) if given else os.environ.get("WORKSHOP_DATA") or "data"
+
+
 class MissingData(LaunchError):
     """A dataset that is not on disk (exit status 2, one line naming the prepare command).
 
@@ -166,20 +177,17 @@ class TokenBlocks(TensorDataset):
 
 
 def _wiki_text(split: str, data_dir) -> str:
-    """The raw text of one split, read by ``datasets`` offline from the files `prepare` wrote."""
-    paths = {s: os.path.join(os.fspath(data_dir), WIKI_DIR, f) for s, f in WIKI_FILES.items()}
-    if not all(os.path.exists(p) for p in paths.values()):
+    """The raw text of one split, exactly as `prepare` wrote it (one article line per line).
+
+    Read as plain UTF-8: nothing is cached or written next to it, so one read-only copy serves
+    every rank of every participant's job (an Arrow cache written on first load would fail on a
+    read-only directory, or race when the ranks of a job write it at once)."""
+    path = os.path.join(os.fspath(data_dir), WIKI_DIR, WIKI_FILES[split])
+    if not all(os.path.exists(os.path.join(os.fspath(data_dir), WIKI_DIR, f))
+               for f in WIKI_FILES.values()):
         raise MissingData("wikitext2", data_dir)
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never reach for the network here
-    import datasets
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    # the Arrow cache goes next to the text (HF_DATASETS_CACHE, when set, wins)
-    cache = None if os.environ.get("HF_DATASETS_CACHE") else os.path.join(
-        os.fspath(data_dir), WIKI_DIR, ".hf_cache")
-    ds = datasets.load_dataset("text", data_files={split: paths[split]}, split=split,
-                               keep_linebreaks=True, cache_dir=cache)
-    return "".join(ds["text"])
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
 
 
 def _codepoints(text: str) -> np.ndarray:
@@ -232,7 +240,7 @@ def wikitext2(split: str = "train", data_dir="data", block_len: int = 64,
 # ---------------------------------------------------------------- one entry point
 def load(name: str = "digits", split: str = "train", data_dir=None) -> Dataset:
     """One entry point for every dataset of the workshop."""
-    data_dir = data_dir if data_dir is not None else os.environ.get("WORKSHOP_DATA", "data")
+    data_dir = resolve_dir(data_dir)
     if name == "digits":
         return digits(split)
     if name in ("sort", "copy"):
@@ -250,6 +258,15 @@ def check_name(name: str) -> None:
     if name not in EMBEDDED + PREPARED:
         raise LaunchError(f"error: unknown dataset {name!r}; choose one of "
                           f"{', '.join(EMBEDDED + PREPARED)}")
+
+
+def check_fits(name: str, takes: tuple[str, ...], model: str) -> None:
+    """Refuse, before any work, a dataset the model cannot take (a CNN given token blocks)."""
+    check_name(name)
+    if name not in takes:
+        raise LaunchError(f"error: --model {model} cannot train on --dataset {name}; choose one of "
+                          f"{', '.join(takes)} (token datasets train the TransformerLM: "
+                          "python -m source_code.sharding.train --dataset wikitext2)")
 
 
 def in_channels(name: str) -> int:
@@ -301,8 +318,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Prepare (online) or inspect (offline) a dataset.")
     p.add_argument("command", choices=["prepare", "show"])
     p.add_argument("--dataset", default="digits", choices=EMBEDDED + PREPARED)
-    p.add_argument("--data-dir", default=os.environ.get("WORKSHOP_DATA", "data"))
+    p.add_argument("--data-dir", default=None,
+                   help="where the datasets go / are read (default: $WORKSHOP_DATA, else data)")
     args = p.parse_args(argv)
+    args.data_dir = resolve_dir(args.data_dir)
     if args.command == "prepare":
         prepare(args.dataset, args.data_dir)
     else:

@@ -4,18 +4,18 @@ The MNIST, CIFAR-10 and WikiText-2 files are written here, small, in the exact f
 download produces (IDX, pickled CIFAR batches, raw text), so the offline reading path of
 source_code.data is exercised end to end without network.
 """
-import hashlib
 import os
-import pickle
-import struct
 import subprocess
 import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from source_code import data
+sys.path.insert(0, str(Path(__file__).parent))
+import dataset_files  # noqa: E402
+
+from source_code import data  # noqa: E402
 
 
 # ---------------------------------------------------------------- embedded and generated
@@ -57,26 +57,9 @@ def test_unknown_dataset_names_the_choices():
 
 
 # ---------------------------------------------------------------- MNIST (IDX files)
-def write_idx(path, array: np.ndarray, magic: int):
-    with open(path, "wb") as f:
-        f.write(struct.pack(">I", magic))
-        f.write(struct.pack(f">{array.ndim}I", *array.shape))
-        f.write(array.astype(np.uint8).tobytes())
-
-
 @pytest.fixture
 def mnist_dir(tmp_path):
-    rng = np.random.default_rng(0)
-    raw = tmp_path / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    truth = {}
-    for prefix, n in (("train", 6), ("t10k", 4)):
-        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
-        labels = rng.integers(0, 10, n, dtype=np.uint8)
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", images, 0x00000803)
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels, 0x00000801)
-        truth["train" if prefix == "train" else "test"] = (images, labels)
-    return tmp_path, truth
+    return tmp_path, dataset_files.write_mnist(tmp_path)
 
 
 def test_mnist_reads_idx_files_pixel_exact(mnist_dir):
@@ -107,50 +90,11 @@ def test_missing_mnist_is_one_line_with_the_prepare_command(tmp_path):
 
 
 # ---------------------------------------------------------------- CIFAR-10 (pickled batches)
-class Py2Pickler(pickle._Pickler):
-    """Writes bytes as Python 2 ``str`` (BINSTRING), as in the CIFAR-10 files: loaded with
-    encoding="bytes" the keys are b"data", b"labels"; torchvision loads with "latin1"."""
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def save_bytes(self, obj):
-        if len(obj) < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
-        self.memoize(obj)
-    dispatch[bytes] = save_bytes
-
-
 @pytest.fixture
 def cifar_dir(tmp_path, monkeypatch):
-    from torchvision.datasets import CIFAR10
-    rng = np.random.default_rng(1)
-    folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-
-    def md5(path):
-        return hashlib.md5(path.read_bytes()).hexdigest()
-
-    def write_batch(name, n):
-        images = rng.integers(0, 256, (n, 3072), dtype=np.uint8)  # 1024 R, 1024 G, 1024 B
-        labels = rng.integers(0, 10, n).tolist()
-        with open(folder / name, "wb") as f:
-            Py2Pickler(f, protocol=2).dump({
-                b"batch_label": name.encode(), b"labels": labels, b"data": images,
-                b"filenames": [f"{i}.png".encode() for i in range(n)]})
-        return images, labels, [name, md5(folder / name)]
-
-    train = [write_batch(f"data_batch_{i}", 3) for i in range(1, 6)]
-    test = write_batch("test_batch", 4)
-    with open(folder / "batches.meta", "wb") as f:
-        Py2Pickler(f, protocol=2).dump({b"label_names": [c.encode() for c in "abcdefghij"],
-                                        b"num_vis": 3072})
+    truth, checksums = dataset_files.write_cifar(tmp_path)
     # torchvision verifies the md5 of each file against the real download's: point it at ours
-    monkeypatch.setattr(CIFAR10, "train_list", [t[2] for t in train])
-    monkeypatch.setattr(CIFAR10, "test_list", [test[2]])
-    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": md5(folder / "batches.meta")})
-    truth = {"train": (np.concatenate([t[0] for t in train]), sum((t[1] for t in train), [])),
-             "test": test[:2]}
+    dataset_files.use_checksums(checksums, monkeypatch.setattr)
     return tmp_path, truth
 
 
@@ -178,20 +122,12 @@ def test_corrupted_cifar_is_missing_data(cifar_dir):
 
 
 # ---------------------------------------------------------------- WikiText-2 (raw text)
-WIKI = {"train": " = Valkyria Chronicles = \n\n Senjō no Valkyria is a game .\n The game began "
-                 "development in 2010 , carrying over a large portion of the work .\n",
-        "valid": " = Tower Building = \n\n The tower is tall ; Ω is new .\n" * 2,
-        "test": " = Robert Boulter = \n\n Robert Boulter is an English actor .\n"}
+WIKI = dataset_files.WIKI
 
 
 @pytest.fixture
-def wiki_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
-    folder = tmp_path / "wikitext-2-raw"
-    folder.mkdir()
-    for split, text in WIKI.items():
-        (folder / f"wiki.{split}.raw").write_text(text, encoding="utf-8")
+def wiki_dir(tmp_path):
+    dataset_files.write_wikitext(tmp_path)
     data.char_vocab.cache_clear()
     return tmp_path
 
@@ -243,3 +179,55 @@ def test_prepared_wikitext_reads_back_line_for_line(tmp_path, monkeypatch):
         ds = data.wikitext2(split, tmp_path, block_len=len(text) - 1)
         assert ds.decode(torch.cat([ds.tensors[0][0], ds.tensors[1][0][-1:]])) == text
     assert not list((tmp_path / "wikitext-2-raw").glob("*.part"))
+
+
+def tree(root: Path) -> dict:
+    """Every path under ``root`` with its size and modification time."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_reading_writes_nothing_into_the_data_directory(tmp_path, monkeypatch):
+    """One shared read-only copy serves a whole course: reading every split of every prepared
+    dataset leaves the directory exactly as prepare left it (root ignores write bits, so the
+    tree is compared, not only the permissions)."""
+    dataset_files.write_wikitext(tmp_path, {k: v * 3 for k, v in WIKI.items()})
+    dataset_files.write_mnist(tmp_path)
+    dataset_files.use_checksums(dataset_files.write_cifar(tmp_path)[1], monkeypatch.setattr)
+    before = tree(tmp_path)
+    for p in [tmp_path, *tmp_path.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    monkeypatch.setenv("WORKSHOP_DATA", str(tmp_path))
+    data.char_vocab.cache_clear()
+    try:
+        for name, splits in (("wikitext2", ("train", "valid", "test")), ("mnist", ("train", "test")),
+                             ("cifar10", ("train", "test"))):
+            for split in splits:
+                assert len(data.load(name, split)) > 0
+    finally:
+        for p in [tmp_path, *tmp_path.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert tree(tmp_path) == before
+
+
+def test_one_rule_chooses_the_data_directory(monkeypatch):
+    monkeypatch.delenv("WORKSHOP_DATA", raising=False)
+    assert data.resolve_dir(None) == "data"
+    monkeypatch.setenv("WORKSHOP_DATA", "/shared/course")
+    assert data.resolve_dir(None) == "/shared/course"
+    assert data.resolve_dir("here") == "here"  # --data-dir wins
+    from source_code.training import ddp, loop
+    args = loop.add_common_args(__import__("argparse").ArgumentParser()).parse_args([])
+    loop.check_args(args)
+    assert args.data_dir == "/shared/course"  # the training scripts honour WORKSHOP_DATA too
+    assert ddp.__doc__  # the entry point the Slurm scripts start uses these flags
+
+
+@pytest.mark.parametrize("dataset", ["wikitext2", "sort"])
+def test_a_dataset_the_cnn_cannot_take_is_refused_before_any_work(dataset):
+    res = subprocess.run([sys.executable, "-m", "source_code.training.single", "--dataset", dataset],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert f"--model smallcnn cannot train on --dataset {dataset}" in res.stderr
+    assert "digits, mnist, cifar10" in res.stderr

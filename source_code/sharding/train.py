@@ -18,8 +18,6 @@ Every flag is checked before the process group forms. Last line:
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -38,7 +36,8 @@ DATASETS = ("sort", "copy", "wikitext2")
 def parse_args(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="sort", choices=DATASETS)
-    p.add_argument("--data-dir", default=os.environ.get("WORKSHOP_DATA", "data"))
+    p.add_argument("--data-dir", default=None,
+                   help="where `prepare` put wikitext2 (default: $WORKSHOP_DATA, else data)")
     p.add_argument("--dim", type=positive_int, default=64)
     p.add_argument("--layers", type=positive_int, default=2)
     p.add_argument("--heads", type=positive_int, default=4)
@@ -72,6 +71,7 @@ def check(args):
                           f"{(args.batch_size // world + 1) * world}")
     if args.resume and not args.checkpoint:
         raise LaunchError("error: --resume needs --checkpoint DIR (the directory to continue from)")
+    args.data_dir = data.resolve_dir(args.data_dir)
     train_set = data.load(args.dataset, "train", args.data_dir)   # MissingData names `prepare`
     test_set = data.load(args.dataset, "test", args.data_dir)
     if len(train_set) < args.batch_size:

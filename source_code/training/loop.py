@@ -22,7 +22,8 @@ from source_code.errors import LaunchError
 def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Flags shared by the training scripts; defaults run in seconds on 2 CPU cores."""
     p.add_argument("--dataset", default="digits", help="digits (embedded) | mnist | cifar10")
-    p.add_argument("--data-dir", default="data", help="where `prepare` put the real datasets")
+    p.add_argument("--data-dir", default=None,
+                   help="where `prepare` put the real datasets (default: $WORKSHOP_DATA, else data)")
     p.add_argument("--model", default="smallcnn", help="smallcnn | resnet18")
     p.add_argument("--epochs", type=positive_int, default=8)
     p.add_argument("--batch-size", type=positive_int, default=64,
@@ -49,7 +50,8 @@ def check_args(args) -> None:
     if getattr(args, "snapshot_every", 0) and not args.checkpoint:
         raise LaunchError("error: --snapshot-every needs --checkpoint PATH (where to write them)")
     models.check_name(args.model)
-    data.check_name(args.dataset)
+    data.check_fits(args.dataset, data.IMAGES, args.model)
+    args.data_dir = data.resolve_dir(args.data_dir)
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
