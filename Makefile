@@ -6,7 +6,7 @@ NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
 
-.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks
+.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks cluster-up cluster-down
 
 # pip, quiet, with its exit status kept: a failed install stops make with pip's own error
 # (only the harmless notes about find-links folders this machine lacks are left out)
@@ -50,6 +50,14 @@ lab: venv
 ## the day before the course: one row per requirement, ok or the fix (PYTHON=python3 for a site's torch)
 check: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
 	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.readiness $(ARGS)
+
+## a real two-node Slurm cluster on this machine (nodes n1, n2, partition debug, site `local`) to try
+## the notebooks' sbatch lines; needs root, installs Debian's Slurm packages the first time
+cluster-up: venv
+	$(BIN)/python tests/slurm_cluster.py start
+
+cluster-down:
+	$(BIN)/python tests/slurm_cluster.py stop
 
 ## your own copy of the notebooks to work in (my-notebooks/, which git ignores); never overwrites
 my-notebooks:

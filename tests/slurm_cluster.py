@@ -26,8 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by hand: the repository
+from source_code.launch.jobs import LOCAL_CLUSTER_MARK as MARK  # noqa: E402
+
 NODES = {"n1": ("127.0.1.1", 17001), "n2": ("127.0.1.2", 17002)}
-MARK = "# written by tests/slurm_cluster.py"
 CONF = Path("/etc/slurm/slurm.conf")
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 DEFAULT_BASE = Path("/tmp/workshop-slurm")

@@ -37,5 +37,20 @@ def test_unknown_check_is_refused():
 def test_a_login_node_without_a_site_profile_is_told_to_name_one(monkeypatch, capsys):
     monkeypatch.setattr(readiness.shutil, "which", lambda name: "/usr/bin/" + name)
     monkeypatch.delenv("WORKSHOP_SITE", raising=False)
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")  # a real site's configuration
     assert readiness.main(["--only", "Slurm and site"]) == 1
-    assert "export WORKSHOP_SITE=" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "export WORKSHOP_SITE=<one of jureca, lumi, mahti, puhti>" in out, out
+
+
+def test_the_local_test_cluster_needs_no_site_profile(monkeypatch, capsys, tmp_path):
+    """A learner whose machine runs the local cluster (make cluster-up, make test) is not told
+    to fix a non-problem: its jobs use the local profile, which is the default."""
+    from source_code.launch import jobs
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(jobs.LOCAL_CLUSTER_MARK + "; state in /tmp/x\nClusterName=workshop\n")
+    monkeypatch.setattr(readiness.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.delenv("WORKSHOP_SITE", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert readiness.main(["--only", "Slurm and site"]) == 0
+    assert "local test cluster" in capsys.readouterr().out

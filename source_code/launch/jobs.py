@@ -8,6 +8,7 @@ is cancelled (a job asking for more nodes than exist would otherwise pend foreve
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -62,6 +63,19 @@ def wait(job_id: str, timeout: float = 120) -> dict:
         time.sleep(0.5)
     subprocess.run(["scancel", job_id], capture_output=True)
     raise TimeoutError(f"job {job_id} still {job_info(job_id).get('JobState')} after {timeout:.0f} s; cancelled")
+
+
+# the first line of the slurm.conf that tests/slurm_cluster.py (make cluster-up) writes
+LOCAL_CLUSTER_MARK = "# written by tests/slurm_cluster.py"
+
+
+def local_test_cluster() -> bool:
+    """Is the Slurm configured here the workshop's own two-node test cluster (site ``local``)?"""
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    try:
+        return conf.read_text().startswith(LOCAL_CLUSTER_MARK)
+    except OSError:
+        return False
 
 
 def sbatch(script, *args, sbatch_args=(), env=None, cwd=None) -> str:
