@@ -5,7 +5,7 @@ import torch
 
 from source_code.expert_parallel import moe, router
 from source_code.expert_parallel.ep_layer import owned_experts
-from source_code.expert_parallel.exercises import check_send_counts
+from source_code.expert_parallel.exercises import ExerciseFailed, check_send_counts
 from source_code.models import MLP, Block
 from source_code.solutions.nb14_expert_parallel import reference_send_counts
 
@@ -92,6 +92,72 @@ def test_owned_experts_are_contiguous_blocks():
         owned_experts(6, 4, 0)
 
 
+def test_gates_renormalised_for_top_k_and_the_probability_for_top_1():
+    torch.manual_seed(0)
+    logits = torch.randn(16, 6)
+    probs = torch.softmax(logits, -1)
+    top2 = router.route(logits, 2)
+    assert torch.allclose(top2.gate.sum(-1), torch.ones(16))                 # GShard: g / (g1 + g2)
+    raw = router.route(logits, 2, renormalise=False)
+    assert torch.allclose(raw.gate, probs.topk(2, -1).values)
+    top1 = router.route(logits, 1)
+    assert torch.allclose(top1.gate[:, 0], probs.max(-1).values)             # Switch: the probability
+    layer = moe.MoE(8, 16, 6, k=2)
+    x = torch.randn(16, 1, 8)
+    y = layer(x).reshape(-1, 8)
+    mass = torch.softmax(layer.router(x.reshape(-1, 8)), -1).topk(2, -1).values.sum(-1)
+    moe.set_routing(layer, renormalise=False)
+    assert torch.allclose(layer(x).reshape(-1, 8), mass[:, None] * y, atol=1e-6)
+
+
+def test_top1_renormalised_gives_the_router_no_gradient_from_the_output():
+    torch.manual_seed(0)
+    x, g = torch.randn(32, 1, 8), torch.randn(32, 1, 8)
+    norms = {}
+    for renormalise in (False, True):
+        layer = moe.MoE(8, 16, 4, k=1, renormalise=renormalise)
+        torch.manual_seed(1)
+        layer.router.reset_parameters()
+        (layer(x) * g).sum().backward()
+        norms[renormalise] = layer.router.weight.grad.norm().item()
+    assert norms[False] > 1e-3 and norms[True] < 1e-6 * norms[False], norms
+
+
+def test_balance_loss_is_one_for_even_counts_whatever_the_probabilities():
+    leaning = torch.tensor([0.0, 0.5, 1.0, 1.5])
+    logits = (leaning + 3.0 * torch.eye(4)[torch.arange(12) % 4]).requires_grad_(True)
+    r = router.route(logits, 1)
+    assert r.counts[0].tolist() == [3, 3, 3, 3]
+    assert r.probs.mean(0).max() - r.probs.mean(0).min() > 0.05              # probabilities far from even
+    assert r.aux.item() == pytest.approx(1.0, abs=1e-6)
+    (grad,) = torch.autograd.grad(r.aux, logits)
+    assert grad.abs().max() < 1e-6                                           # nothing to correct
+    skew = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
+    skew[:, 0] += 1.5
+    skew.requires_grad_(True)
+    s = router.route(skew, 1)
+    (grad,) = torch.autograd.grad(s.aux, skew)
+    busiest = int(s.counts[0].argmax())
+    assert s.aux.item() > 1.1 and grad[:, busiest].sum() > 0                # descent lowers the busiest
+
+
+def test_lesson_functions_refuse_what_they_cannot_handle():
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        router.capacity(8, 4, 1, 0.0)
+    with pytest.raises(ValueError, match="n_tokens >= 1"):
+        router.capacity(0, 4, 1, 1.0)
+    with pytest.raises(ValueError, match="logits must be"):
+        router.route(torch.randn(0, 4), 1)
+    with pytest.raises(ValueError, match="1 <= k <= n_experts"):
+        moe.MoE(8, 16, 4, k=5)
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        moe.MoE(8, 16, 4, k=1, capacity_factor=-1.0)
+    with pytest.raises(ValueError, match="k must be between"):
+        moe.set_routing(moe.moe_transformer({"vocab_size": 32, "dim": 32, "n_layers": 1, "n_heads": 4,
+                                             "max_len": 64}, 4), k=5)
+
+
+# typical wrong answers of the exercise (and what they have in common with the right one)
 def _per_expert(expert, keep, n_experts, world):
     return router.tokens_per_expert(expert, n_experts, keep).tolist()
 
@@ -113,22 +179,58 @@ def _tokens(expert, keep, n_experts, world):
     return [int((ranks == r).any(1).sum()) for r in range(world)]
 
 
+def _eight_experts_only(expert, keep, n_experts, world):      # right on every printed-size routing
+    return torch.bincount(expert[keep] // (8 // world), minlength=world)[:world].tolist()
+
+
+def _raises(expert, keep, n_experts, world):
+    return expert[keep].bincount()[world + 100]
+
+
 def _todo(expert, keep, n_experts, world):
-    return None
+    raise NotImplementedError
 
 
-def test_exercise_accepts_the_solution():
-    assert check_send_counts(reference_send_counts).startswith("correct")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exercise_accepts_the_solution(seed, capsys):
+    assert check_send_counts(reference_send_counts, seed=seed)
+    out = capsys.readouterr().out
+    assert out.startswith("correct") and out.count("\n") == 1
+
+
+def test_exercise_solution_cell_prints_nothing(capsys):
+    assert check_send_counts(reference_send_counts, strict=True, quiet=True)
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize("wrong, hint", [
     (_per_expert, "one per expert"), (_with_dropped, "dropped"), (_first_choice, "first choice"),
-    (_round_robin, "round robin"), (_tokens, "tokens, not assignments")])
-def test_exercise_names_the_typical_mistakes(wrong, hint):
-    with pytest.raises(AssertionError, match=hint):
-        check_send_counts(wrong)
+    (_round_robin, "like cards"), (_tokens, "you counted tokens"),
+    (_eight_experts_only, "experts on"), (_raises, "raised IndexError")])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_exercise_names_the_typical_mistakes_in_one_line(wrong, hint, seed, capsys):
+    assert check_send_counts(wrong, seed=seed) is False
+    out = capsys.readouterr().out
+    assert out.startswith("not yet:") and out.count("\n") == 1 and hint in out, out
+    with pytest.raises(ExerciseFailed, match=hint):
+        check_send_counts(wrong, strict=True, seed=seed, quiet=True)
 
 
-def test_exercise_not_done_yet():
-    with pytest.raises(NotImplementedError):
-        check_send_counts(_todo)
+def test_exercise_hints_do_not_give_the_owner_formula_away(capsys):
+    check_send_counts(_round_robin, seed=0)
+    out = capsys.readouterr().out
+    assert "//" not in out and "r*E/n" not in out and "E/n" not in out
+
+
+def test_exercise_drawn_cases_catch_an_answer_that_fits_the_fixed_ones():
+    """The fixed cases all have 8 experts: an answer hard-wired to 8 passes them, and only the
+    drawn routings (other numbers of experts) catch it."""
+    from source_code.expert_parallel.exercises import FIXED, cases
+    fixed = cases(0)[:len(FIXED)]
+    assert all(_eight_experts_only(e, k, n, w) == reference_send_counts(e, k, n, w) for _, e, k, n, w in fixed)
+    assert not check_send_counts(_eight_experts_only, seed=0, quiet=True)
+
+
+def test_exercise_not_done_yet(capsys):
+    assert check_send_counts(_todo) is False
+    assert capsys.readouterr().out.startswith("not done yet")

@@ -21,50 +21,14 @@ not support alltoall"; 2.14: equal tensor sizes only), so everything here uses t
 buffer form, which is also the one production MoE code calls (torchtitan's expert parallelism
 exchanges its per-expert counts and then its tokens with all_to_all_single).
 
-Every payload call is recorded in the active ``Ledger`` (``with counting() as ledger``): the
-bytes this rank sends to and receives from *other* ranks (its piece for itself stays in place).
+What each call moves is counted outside this file, from the buffers and splits it is handed
+(``wire.recording``, a wrapper around ``dist.all_to_all_single``): the lines here are the
+algorithm only.
 """
 from __future__ import annotations
 
-import contextlib
-import math
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
-
-
-@dataclass
-class Ledger:
-    """Every all-to-all of this process while active: dicts with phase, sent, received (bytes
-    to and from other ranks) and the splits."""
-    calls: list = field(default_factory=list)
-
-    def bytes(self, key: str = "sent", phase: str | None = None) -> int:
-        return sum(c[key] for c in self.calls if phase is None or c["phase"] == phase)
-
-
-_LEDGER: Ledger | None = None
-
-
-@contextlib.contextmanager
-def counting():
-    """``with counting() as ledger:`` records every payload all-to-all of this process."""
-    global _LEDGER
-    previous, _LEDGER = _LEDGER, Ledger()
-    try:
-        yield _LEDGER
-    finally:
-        _LEDGER = previous
-
-
-def _record(phase: str, x: torch.Tensor, send: list, recv: list, group) -> None:
-    if _LEDGER is None:
-        return
-    me = dist.get_rank(group)
-    row = math.prod(x.shape[1:]) * x.element_size()               # bytes of one row
-    _LEDGER.calls.append({"phase": phase, "send": list(send), "recv": list(recv),
-                          "sent": row * (sum(send) - send[me]), "received": row * (sum(recv) - recv[me])})
 
 
 def exchange_counts(per_expert: torch.Tensor, group=None) -> torch.Tensor:
@@ -75,18 +39,18 @@ def exchange_counts(per_expert: torch.Tensor, group=None) -> torch.Tensor:
     return received
 
 
-class _AllToAll(torch.autograd.Function):
+class AllToAll(torch.autograd.Function):
+    """The payload all-to-all; its backward sends the gradients back along the same rows."""
+
     @staticmethod
     def forward(ctx, x, send_splits, recv_splits, group):
         ctx.send, ctx.recv, ctx.group = send_splits, recv_splits, group
-        _record("forward", x, send_splits, recv_splits, group)
         out = x.new_empty((sum(recv_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        _record("backward", grad, ctx.recv, ctx.send, ctx.group)
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
         dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
         return out, None, None, None
@@ -95,4 +59,12 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(x: torch.Tensor, send_splits: list, recv_splits: list, group=None) -> torch.Tensor:
     """Rows x[sum(send[:j]) : sum(send[:j+1])] go to rank j; the result stacks what each rank
     sent here, rank 0's rows first: (sum(recv_splits), ...). Differentiable."""
-    return _AllToAll.apply(x, list(send_splits), list(recv_splits), group)
+    send_splits, recv_splits = list(send_splits), list(recv_splits)
+    n = dist.get_world_size(group)
+    if len(send_splits) != n or len(recv_splits) != n or min(send_splits + recv_splits) < 0:
+        raise ValueError(f"all_to_all needs {n} split sizes >= 0 each way, got send {send_splits}, "
+                         f"recv {recv_splits}")
+    if sum(send_splits) != x.shape[0]:
+        raise ValueError(f"the send splits {send_splits} add up to {sum(send_splits)} rows, but x has "
+                         f"{x.shape[0]}: sort x by destination and count every row once")
+    return AllToAll.apply(x, send_splits, recv_splits, group)

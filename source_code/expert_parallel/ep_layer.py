@@ -46,6 +46,7 @@ class EPMoE(nn.Module):
         self.group = group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.n_experts, self.k, self.capacity_factor = moe.n_experts, moe.k, moe.capacity_factor
+        self.renormalise = moe.renormalise
         self.mine = owned_experts(self.n_experts, self.world, self.rank)
         self.router = copy.deepcopy(moe.router)
         self.experts = nn.ModuleList(copy.deepcopy(moe.experts[e]) for e in self.mine)
@@ -54,7 +55,7 @@ class EPMoE(nn.Module):
 
     def forward(self, x):                                          # x: (b, t, d), my tokens
         rows = x.reshape(-1, x.shape[-1])                          # (N, d)
-        r = router.route(self.router(rows), self.k, self.capacity_factor, groups=1)
+        r = router.route(self.router(rows), self.k, self.capacity_factor, 1, self.renormalise)
         self.aux_loss, self.counts = r.aux, r.counts
         # 1. kept assignments, sorted by expert (stable: token order within an expert)
         token, choice = r.keep.nonzero(as_tuple=True)             # (A,), (A,)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
 from source_code.costmodel import model_time
 from source_code.figures import export as save_figure  # noqa: F401  (images/ only when exporting)
@@ -19,26 +20,31 @@ def collectives_figure(result: dict):
     """Left: median time of each collective vs buffer size, measured (dots) and its alpha-beta
     fit (line). Right: bytes each rank receives in the dispatch for routers of growing skew."""
     coll, skew = result["collectives"], result["skew"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     sizes = np.array(coll["sizes"], dtype=float)
     for op, median in coll["median"].items():
         alpha, beta = coll["fits"][op]
-        ax.loglog(sizes, [1e3 * median[s] for s in coll["sizes"]], "o", color=COLORS[op], label=op)
-        ax.loglog(sizes, 1e3 * model_time(sizes, alpha, beta), "-", color=COLORS[op], alpha=0.6)
+        ax.loglog(sizes, [1e3 * median[s] for s in coll["sizes"]], "o", color=COLORS[op],
+                  label=f"{op}, measured")
+        ax.loglog(sizes, 1e3 * model_time(sizes, alpha, beta), "-", color=COLORS[op], alpha=0.6,
+                  label=f"{op}, alpha-beta fit")
     ax.set_xlabel("buffer per rank (bytes)")
     ax.set_ylabel("ms (median, slowest rank)")
-    ax.set_title(f"{coll['world']} ranks: measured (dots), alpha-beta fit (lines)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{coll['world']} ranks: three collectives of the same buffer size", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
     n = len(skew[0]["received"])
     width = 0.8 / n
     for r in range(n):
         got = [row["received"][r] / 2**20 for row in skew]
-        bx.bar(np.arange(len(skew)) + (r - (n - 1) / 2) * width, got, width, label=f"rank {r}")
+        bx.bar(np.arange(len(skew)) + (r - (n - 1) / 2) * width, got, width, label=f"rank {r} receives")
+    even = skew[0]["received"][0] / 2**20
+    bx.axhline(even, ls="--", color="k", lw=0.8, label="even router's share")
     bx.set_xticks(range(len(skew)),
                   [f"{label(row['bias'])}\n{1e3 * row['seconds']:.1f} ms" for row in skew])
     bx.set_ylabel("MiB received from other ranks")
-    bx.set_title("dispatch all-to-all, router biased towards expert 0 (on rank 0)", fontsize=9)
-    bx.legend(fontsize=8)
+    bx.set_xlabel("router (logit of expert 0, on rank 0, raised by the bias); all-to-all time")
+    bx.set_title("the dispatch all-to-all under a skewed router", fontsize=9)
+    bx.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -52,22 +58,25 @@ def tokens_figure(study: dict):
     """Held-out tokens per expert, every layer, without and with the balancing loss; the
     dashed line is the mean (a perfectly even router)."""
     layers = len(study["without"]["per_expert"])
-    fig, axes = plt.subplots(1, layers, figsize=(5 * layers, 3.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, layers, figsize=(5 * layers, 3.6), sharey=True, squeeze=False)
     for i, ax in enumerate(axes[0]):
         e = np.arange(len(study["without"]["per_expert"][i]))
         for shift, name, color in ((-0.2, "without", "tab:gray"), (0.2, "with", "tab:orange")):
             tokens = study[name]["per_expert"][i]
             ax.bar(e + shift, tokens, 0.4, color=color, label=f"{name} balancing loss")
-        ax.axhline(np.mean(study["without"]["per_expert"][i]), ls="--", color="k", lw=0.8)
+        ax.axhline(np.mean(study["without"]["per_expert"][i]), ls="--", color="k", lw=0.8,
+                   label="mean: a perfectly even router")
         ep = study["without"]["ep"]
         for boundary in range(1, ep):
-            ax.axvline(boundary * len(e) / ep - 0.5, color="k", lw=0.5)
+            ax.axvline(boundary * len(e) / ep - 0.5, color="k", lw=0.5,
+                       label=f"rank boundary ({ep} ranks)" if boundary == 1 else None)
         ax.set_xticks(e)
-        ax.set_xlabel(f"expert (vertical line: rank boundary, {ep} ranks)")
+        ax.set_xlabel("expert")
         ax.set_title(f"layer {i}", fontsize=9)
     axes[0][0].set_ylabel("assignments (held-out batch)")
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, ncol=len(labels), loc="upper center", frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
 
 
@@ -90,8 +99,11 @@ def routing_figure(r, capacity: int):
     ax.set_yticks(range(probs.shape[0]))
     ax.set_xlabel("token")
     ax.set_ylabel("expert")
-    ax.set_title(f"top-{r.expert.shape[1]} routing, capacity {capacity} per expert: "
-                 "circles kept (1st / 2nd choice), red crosses dropped", fontsize=9)
+    ax.set_title(f"top-{r.expert.shape[1]} routing, capacity {capacity} per expert", fontsize=9)
+    keys = [Line2D([], [], ls="", marker="o", mfc="white", mec="k", ms=9,
+                   label="kept choice (the number: 1st or 2nd)"),
+            Line2D([], [], ls="", marker="x", color="red", ms=9, mew=2, label="over capacity: dropped")]
+    ax.legend(handles=keys, fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.1), frameon=False)
     fig.colorbar(im, ax=ax, label="router probability", fraction=0.03)
     fig.tight_layout()
     return fig

@@ -7,14 +7,15 @@ Run on every rank (``processes.spawn(harness.report, n, device="cpu")``, or from
   loss per rank's tokens). Each rank's loss is mean over its tokens of <y, g> (g a fixed
   random dL/dy) + 0.1 x the balancing loss; the reference's loss is the mean of the ranks'.
   Compared: the outputs of the rank's tokens, the input gradient, the router gradient (after
-  the sum over ranks) and the gradients of the rank's experts. The bytes each all-to-all moved
-  come back from the ledger.
+  the sum over ranks) and the gradients of the rank's experts. What each all-to-all moved comes
+  back as counted from its buffers (wire.py).
 * ``model_parity``: the MoE TransformerLM on the sort task over a (dp, ep) mesh, expert
   gradients reduced over "dp" and the rest over all ranks (ep_dp.py): logits, loss and every
   gradient against one process.
 
 The largest difference over everything (compare.parity_rows) is what compare.py prints as
-``ep_max_abs_diff``.
+``ep_max_abs_diff``. Rank 0 prints one line per case as it finishes (a notebook cell shows
+them as they come).
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from source_code import device_policy
-from source_code.distributed import context
-from source_code.expert_parallel import comm, ep_dp, router
+from source_code.distributed import context, print0
+from source_code.expert_parallel import comm, ep_dp, router, wire
 from source_code.expert_parallel.ep_layer import EPMoE
 from source_code.expert_parallel.moe import MoE, aux_loss, moe_transformer
 from source_code.parity import tolerance
@@ -65,7 +66,7 @@ def layer_parity(k: int, capacity_factor, dim: int = 16, n_experts: int = 8, tok
 
     mine = slice(rank * tokens_per_rank, (rank + 1) * tokens_per_rank)
     x_r = x[mine].clone().requires_grad_(True)
-    with comm.counting() as ledger:
+    with wire.recording() as calls:
         y = ep(x_r)
         _layer_loss(y, g[mine], ep).backward()
     if reduce:
@@ -82,9 +83,11 @@ def layer_parity(k: int, capacity_factor, dim: int = 16, n_experts: int = 8, tok
     aux = torch.tensor([ep.aux_loss.item()], dtype=torch.float64)
     dist.all_reduce(aux)                               # the mean of the ranks' = the reference's
     diffs["aux loss"] = abs(aux.item() / world - dense.aux_loss.item())
+    print0(f"  {world} ranks, layer top-{k}, capacity {capacity_factor or 'none'}: "
+           f"max |diff| {max(diffs.values()):.1e}")
     return {"k": k, "capacity_factor": capacity_factor, "world": world, "dropped": dropped,
             "assignments": k * world * tokens_per_rank, "diffs": diffs,
-            "calls": ledger.calls, "row_bytes": dim * x.element_size()}
+            "calls": list(calls), "row_bytes": dim * x.element_size()}
 
 
 def dense_keep(dense: MoE, x) -> torch.Tensor:
@@ -123,6 +126,7 @@ def model_parity(dp: int, ep: int, k: int = 2, capacity_factor=1.25, batch_per_r
             worst_grad, worst_name = d, name
     total = torch.tensor([loss.item()], dtype=torch.float64)
     dist.all_reduce(total)
+    print0(f"  {world} ranks, model on mesh dp={dp} x ep={ep}: max |grad diff| {worst_grad:.1e}")
     return {"dp": dp, "ep": ep, "world": world, "mesh": mesh.mesh.tolist(),
             "logits": max_diff(logits, ref_logits[mine]), "loss": abs(total.item() / world - ref_loss.item()),
             "grads": worst_grad, "worst": worst_name, "reduced": groups,
@@ -155,9 +159,15 @@ def report(model_meshes=None) -> dict:
 
 
 def can_fail() -> dict:
-    """For the tests: a correct case with unequal splits (gloo must carry them) and the same
-    case with the router's gradient left unreduced (must exceed the tolerance)."""
+    """For the tests: a correct case with unequal splits (gloo must carry them), the same case
+    with the router's gradient left unreduced (must exceed the tolerance), and the message of
+    an all-to-all handed splits that do not match its buffer (refused before any message)."""
     good = layer_parity(2, 1.0)
     bad = layer_parity(2, 1.0, reduce=False)
-    return {"good": good, "bad": bad, "tol": tolerance(context().device)[0]}
+    try:
+        comm.all_to_all(torch.zeros(3, 2), [1, 1], [1, 1])
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
+    return {"good": good, "bad": bad, "tol": tolerance(context().device)[0], "refused": refused}
 

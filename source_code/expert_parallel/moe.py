@@ -27,9 +27,14 @@ from source_code.models import MLP, TransformerLM
 
 class MoE(nn.Module):
     def __init__(self, dim: int, hidden: int, n_experts: int, k: int = 1,
-                 capacity_factor: float | None = None, groups: int = 1):
+                 capacity_factor: float | None = None, groups: int = 1, renormalise: bool | None = None):
         super().__init__()
+        if n_experts < 1 or not 1 <= k <= n_experts:
+            raise ValueError(f"a MoE needs 1 <= k <= n_experts, got k={k}, n_experts={n_experts}")
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be > 0 (or None: no limit), got {capacity_factor}")
         self.n_experts, self.k, self.capacity_factor, self.groups = n_experts, k, capacity_factor, groups
+        self.renormalise = renormalise                     # None: renormalised gates for k >= 2
         self.router = nn.Linear(dim, n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(dim, hidden) for _ in range(n_experts))
         self.aux_loss = None
@@ -37,7 +42,7 @@ class MoE(nn.Module):
 
     def forward(self, x):                                  # x: (b, t, d)
         rows = x.reshape(-1, x.shape[-1])                  # (N, d)
-        r = router.route(self.router(rows), self.k, self.capacity_factor, self.groups)
+        r = router.route(self.router(rows), self.k, self.capacity_factor, self.groups, self.renormalise)
         self.aux_loss, self.counts = r.aux, r.counts
         return combine(rows, r, self.experts).view_as(x)
 
@@ -53,14 +58,15 @@ def combine(rows: torch.Tensor, r: router.Routing, experts) -> torch.Tensor:
 
 
 def moe_transformer(cfg: dict, n_experts: int = 4, k: int = 1, capacity_factor: float | None = None,
-                    groups: int = 1, seed: int = 0, hidden: int | None = None) -> TransformerLM:
+                    groups: int = 1, seed: int = 0, hidden: int | None = None,
+                    renormalise: bool | None = None) -> TransformerLM:
     """``models.TransformerLM(**cfg)`` with every block's MLP swapped for a MoE (hidden: 4*dim,
     the dense MLP's size); weights drawn as TransformerLM draws them, from ``seed``."""
     torch.manual_seed(seed)
     model = TransformerLM(**cfg)
     dim = cfg["dim"]
     for block in model.layers:
-        block.mlp = MoE(dim, hidden or 4 * dim, n_experts, k, capacity_factor, groups)
+        block.mlp = MoE(dim, hidden or 4 * dim, n_experts, k, capacity_factor, groups, renormalise)
     model.apply(TransformerLM._init)
     return model
 
@@ -75,12 +81,23 @@ def aux_loss(model: nn.Module) -> torch.Tensor:
     return sum(m.aux_loss for m in moe_layers(model))
 
 
-def set_routing(model: nn.Module, k: int | None = None, capacity_factor=..., groups: int | None = None):
-    """Change k / capacity factor / groups of every MoE layer in place."""
+def set_routing(model: nn.Module, k: int | None = None, capacity_factor=..., groups: int | None = None,
+                renormalise=...):
+    """Change k / capacity factor / groups / renormalise of every MoE layer in place (what is
+    not given stays; an expert-parallel layer has no groups: its rank's tokens are one)."""
     for m in moe_layers(model):
-        m.k = k if k is not None else m.k
-        m.capacity_factor = m.capacity_factor if capacity_factor is ... else capacity_factor
-        m.groups = groups if groups is not None else m.groups
+        if k is not None:
+            if not 1 <= k <= m.n_experts:
+                raise ValueError(f"k must be between 1 and {m.n_experts}, got {k}")
+            m.k = k
+        if capacity_factor is not ...:
+            if capacity_factor is not None and not capacity_factor > 0:
+                raise ValueError(f"capacity_factor must be > 0 (or None), got {capacity_factor}")
+            m.capacity_factor = capacity_factor
+        if groups is not None:
+            m.groups = groups
+        if renormalise is not ...:
+            m.renormalise = renormalise
 
 
 def active_parameters(moe: MoE) -> dict:

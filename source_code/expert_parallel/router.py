@@ -3,13 +3,21 @@
 A router is one linear layer, dim -> n_experts, without bias. For each token (a row of x):
 
     probs = softmax(x @ W_router^T)           (N, E)  a distribution over the experts
-    expert, gate = top-k of probs             (N, k)  the k chosen experts, best first, and
-                                                      their probabilities: the gate weights
+    expert, p = top-k of probs                (N, k)  the k chosen experts, best first, and
+                                                      their probabilities
+    gate = p / p.sum(-1)   (k >= 2)            (N, k)  the gate weights: renormalised over the k
+    gate = p               (k == 1)                    Switch Transformer: the probability itself
 
-The layer's output for a token is sum_j gate_j * expert_j(x) over its k choices. The gates
-are the probabilities themselves (Switch Transformer, GShard), not renormalised over the k:
-with top-1 a renormalised gate would always be 1 and the router would get no gradient from
-the output.
+The layer's output for a token is sum_j gate_j * expert_j(x) over its k choices.
+
+**Renormalised or not.** GShard's top-2 gating divides the two gates by their sum
+(g1 / (g1 + g2), g2 / (g1 + g2)), as Mixtral and most top-k MoEs do: a token's output is a
+weighted *average* of its experts' outputs, whatever probability mass the k carry. Switch
+Transformer routes top-1 and keeps the softmax probability as the gate: renormalised, a single
+gate would always be 1 and the router would get no gradient from the output (only from the
+balancing loss). Without renormalisation a top-k output is the renormalised one scaled by the
+kept mass p.sum(-1) < 1. ``renormalise=None`` (the default) picks by k: renormalised for
+k >= 2, the probability for k = 1; True / False force either.
 
 **Capacity.** Each expert takes at most C = ceil(capacity_factor * N * k / E) assignments of a
 group of N tokens (the mean load times the factor). Assignments over it are *dropped*: the
@@ -43,7 +51,7 @@ class Routing:
     """The routing decision for N tokens (rows)."""
     probs: torch.Tensor    # (N, E) softmax of the router logits (differentiable)
     expert: torch.Tensor   # (N, k) int64, the chosen experts, best first
-    gate: torch.Tensor     # (N, k) their probabilities: the gate weights (differentiable)
+    gate: torch.Tensor     # (N, k) the gate weights (differentiable), renormalised or not
     keep: torch.Tensor     # (N, k) bool, False where the assignment is over capacity (dropped)
     aux: torch.Tensor      # () the load-balancing loss (mean over the groups)
     counts: torch.Tensor   # (groups, E) int64, assignments per expert and group, before dropping
@@ -51,15 +59,24 @@ class Routing:
 
 def capacity(n_tokens: int, n_experts: int, k: int, factor: float | None) -> int:
     """Assignments one expert accepts from a group of ``n_tokens``: ceil(factor * N * k / E)."""
+    if n_tokens < 1 or n_experts < 1 or not 1 <= k <= n_experts:
+        raise ValueError(f"capacity needs n_tokens >= 1 and 1 <= k <= n_experts, got n_tokens={n_tokens}, "
+                         f"k={k}, n_experts={n_experts}")
+    if factor is not None and not factor > 0:
+        raise ValueError(f"capacity_factor must be > 0 (or None: no limit), got {factor}")
     if factor is None:
         return n_tokens                         # every token at most once per expert: no limit
     return math.ceil(factor * n_tokens * k / n_experts)
 
 
-def top_k(logits: torch.Tensor, k: int):
-    """(probs (N, E), expert (N, k), gate (N, k)) of router logits (N, E)."""
+def top_k(logits: torch.Tensor, k: int, renormalise: bool | None = None):
+    """(probs (N, E), expert (N, k), gate (N, k)) of router logits (N, E); the gates
+    renormalised over the k choices when ``renormalise`` (None: when k >= 2)."""
     probs = torch.softmax(logits, dim=-1)
-    gate, expert = probs.topk(k, dim=-1)        # best first
+    p, expert = probs.topk(k, dim=-1)           # best first
+    if renormalise is None:
+        renormalise = k >= 2
+    gate = p / p.sum(-1, keepdim=True) if renormalise else p
     return probs, expert, gate
 
 
@@ -89,14 +106,16 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
 
 
 def route(logits: torch.Tensor, k: int, capacity_factor: float | None = None,
-          groups: int = 1) -> Routing:
+          groups: int = 1, renormalise: bool | None = None) -> Routing:
     """Route N tokens given their router logits (N, E); capacity and aux loss per group."""
+    if logits.dim() != 2 or logits.shape[0] < 1:
+        raise ValueError(f"logits must be (tokens >= 1, experts), got shape {tuple(logits.shape)}")
     n, n_experts = logits.shape
     if not 1 <= k <= n_experts:
         raise ValueError(f"k must be between 1 and the number of experts {n_experts}, got {k}")
-    if n % groups:
-        raise ValueError(f"{n} tokens do not split into {groups} equal groups")
-    probs, expert, gate = top_k(logits, k)
+    if groups < 1 or n % groups:
+        raise ValueError(f"{n} tokens do not split into {groups} equal groups; use a divisor of {n}")
+    probs, expert, gate = top_k(logits, k, renormalise)
     size = n // groups
     cap = capacity(size, n_experts, k, capacity_factor)
     keep = torch.cat([within_capacity(e, n_experts, cap) for e in expert.split(size)])

@@ -11,11 +11,16 @@ every rank its own share of each global batch, expert gradients reduced over "dp
 rest over all ranks. The loss is cross-entropy + aux_coef x the sum of the layers'
 balancing losses. After training, the tokens of a held-out batch are routed once more and
 counted per layer and expert (before capacity dropping): the imbalance is max / mean of those
-counts, the worst layer's. Rank 0 prints progress; last line:
+counts, the worst layer's. Then the same batch goes through again with each capacity factor of
+``FACTORS``: the assignments each layer dropped are counted from the rows its dispatch
+all-to-all really carried (wire.recording), beside the rule's sum of max(0, count - C). Rank 0
+prints progress; last line:
 
     summary: world_size=2 epochs=1 accuracy=A seconds=S ep=2 steps=K aux_coef=C imbalance=I
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -23,20 +28,45 @@ import torch.nn.functional as F
 
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
-from source_code.expert_parallel import ep_dp
-from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer
+from source_code.expert_parallel import ep_dp, router, wire
+from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer, set_routing
 from source_code import workload
+from source_code.measure import clock
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train"
 DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 3e-3, "dim": 32, "layers": 2, "heads": 4,
-            "experts": 8, "k": 2, "capacity_factor": None, "seed": 0}
+            "experts": 8, "k": 2, "capacity_factor": None, "seed": 0, "renormalise": None}
+HELD_OUT = 256                                     # sequences routed after training
+FACTORS = (0.5, 1.0, 1.25, 1.5, 2.0, 4.0)          # capacity factors of the held-out sweep
 
 
 def imbalance(per_expert) -> float:
     """max / mean of the tokens per expert (1: perfectly even)."""
     t = torch.as_tensor(per_expert, dtype=torch.float64)
     return float(t.max() / t.mean())
+
+
+def dropped_by_capacity(model, x, factors=FACTORS) -> list:
+    """For each capacity factor: the held-out tokens ``x`` through ``model`` once more; per
+    layer, the assignments dropped as counted from the dispatch all-to-all (k x tokens less the
+    rows it carried) and as the rule says (sum of max(0, count - C) over this rank's counts)."""
+    layers = moe_layers(model)
+    trained_with, out = layers[0].capacity_factor, []
+    for f in factors:
+        set_routing(model, capacity_factor=f)
+        with torch.no_grad(), wire.recording(model) as calls:
+            model(x)
+        rows = x.numel()
+        per_layer = []
+        for i, layer in enumerate(layers):
+            carried = sum(calls.payload(i)[0]["send"])             # the dispatch: first payload call
+            cap = router.capacity(rows, layer.n_experts, layer.k, f)
+            rule = int((layer.counts - cap).clamp(min=0).sum())
+            per_layer.append({"counted": layer.k * rows - carried, "rule": rule, "assignments": layer.k * rows})
+        out.append({"factor": f, "layers": per_layer})
+    set_routing(model, capacity_factor=trained_with)
+    return out
 
 
 def _local_loss(model, x, y, aux_coef: float):
@@ -53,11 +83,12 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides)
     dp = world // ep
     cfg = workload.model_config(dim=o["dim"], n_layers=o["layers"], n_heads=o["heads"])
     mesh = ep_dp.make_mesh(device.type, dp, ep)
-    model = moe_transformer(cfg, o["experts"], o["k"], o["capacity_factor"], seed=o["seed"])
+    model = moe_transformer(cfg, o["experts"], o["k"], o["capacity_factor"], seed=o["seed"],
+                            renormalise=o["renormalise"])
     model = ep_dp.to_expert_parallel(model.to(device), mesh["ep"].get_group())
     opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=0.01)
     train_set, held_out = workload.sort_task(n=2048), workload.sort_task(n=2048)
-    per_rank, losses, timer = o["batch_size"] // world, [], loop.Timer()
+    losses, start = [], clock(device)
     for step in range(o["steps"]):
         x, y = workload.rank_slice(workload.global_batch(train_set, step, o["batch_size"], o["seed"]),
                                    rank, world)
@@ -70,9 +101,10 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides)
         dist.all_reduce(mean)
         losses.append(mean.item() / world)
         if log_every and ((step + 1) % log_every == 0 or step + 1 == o["steps"]):
-            print0(f"step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  {timer.seconds:6.1f}s")
-    x, y = (t[-256:] for t in held_out.tensors)
-    x, y = (t[rank * (256 // world):(rank + 1) * (256 // world)].to(device) for t in (x, y))
+            print0(f"  aux_coef {aux_coef:g}: step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  "
+                   f"{clock(device) - start:6.1f}s")
+    x, y = (t[-HELD_OUT:] for t in held_out.tensors)
+    x, y = (t[rank * (HELD_OUT // world):(rank + 1) * (HELD_OUT // world)].to(device) for t in (x, y))
     with torch.no_grad():
         pred = model(x).argmax(-1)
     keep = y != -100
@@ -84,28 +116,38 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides)
         dist.all_gather_object(got, layer.counts.sum(0).tolist())
         counts.append(got)
     per_expert = [torch.tensor(c).sum(0).tolist() for c in counts]
+    seconds = clock(device) - start
+    capacity = [None] * world
+    dist.all_gather_object(capacity, dropped_by_capacity(model, x))
     return {"aux_coef": aux_coef, "losses": losses, "accuracy": hits[0].item() / hits[1].item(),
             "per_rank_counts": counts, "per_expert": per_expert, "tokens_per_rank": x.numel(),
-            "imbalance": max(imbalance(c) for c in per_expert), "seconds": timer.seconds,
+            "imbalance": max(imbalance(c) for c in per_expert), "seconds": seconds,
+            "capacity": capacity,                                  # per rank: dropped_by_capacity
             "dp": dp, "ep": ep, "k": o["k"], "experts": o["experts"]}
 
 
-def balance_study(aux_coef: float = 0.01, steps: int = DEFAULTS["steps"], **overrides) -> dict:
+def balance_study(aux_coef: float = 0.01, steps: int = DEFAULTS["steps"], log_every: int = 20,
+                  **overrides) -> dict:
     """The same training without and with the balancing loss (on every rank)."""
-    return {"without": run(0.0, steps=steps, **overrides), "with": run(aux_coef, steps=steps, **overrides)}
+    return {"without": run(0.0, log_every=log_every, steps=steps, **overrides),
+            "with": run(aux_coef, log_every=log_every, steps=steps, **overrides)}
 
 
 def parse_args(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--ep", type=positive_int, default=0, help="expert-parallel size (default: all ranks)")
     p.add_argument("--aux-coef", type=float, default=0.01, help="weight of the balancing loss (0: off)")
+    p.add_argument("--gates", choices=("auto", "renormalised", "probability"), default="auto",
+                   help="auto: renormalised over the k choices for k >= 2, the probability for k = 1")
     p.add_argument("--steps", type=positive_int, default=DEFAULTS["steps"])
     p.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"], help="GLOBAL batch")
     p.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"])
     p.add_argument("--experts", type=positive_int, default=DEFAULTS["experts"])
     p.add_argument("--k", type=positive_int, default=DEFAULTS["k"])
     p.add_argument("--capacity-factor", type=positive_float, default=None)
-    p.add_argument("--dim", type=positive_int, default=DEFAULTS["dim"])
+    p.add_argument("--dim", type=positive_int, default=DEFAULTS["dim"], help="a multiple of --heads")
+    p.add_argument("--heads", type=positive_int, default=DEFAULTS["heads"])
+    p.add_argument("--layers", type=positive_int, default=DEFAULTS["layers"])
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -115,10 +157,16 @@ def check(args, env=None) -> int:
     found = ranks_from_env(env)
     world = found[2] if found else 1
     ep = args.ep or world
-    if args.aux_coef < 0:
-        raise LaunchError(f"error: --aux-coef must be >= 0, got {args.aux_coef}")
+    if not (math.isfinite(args.aux_coef) and args.aux_coef >= 0):
+        raise LaunchError(f"error: --aux-coef must be a number >= 0, got {args.aux_coef}")
+    if args.dim % args.heads:
+        raise LaunchError(f"error: --dim {args.dim} is not divisible by --heads {args.heads}; "
+                          f"use a multiple of {args.heads}")
+    if not 0 <= args.seed < 2**63:
+        raise LaunchError(f"error: --seed must be >= 0, got {args.seed}")
     if world % ep:
-        raise LaunchError(f"error: world size {world} is not divisible by --ep {ep}")
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        raise LaunchError(f"error: world size {world} is not divisible by --ep {ep}; use one of {divisors}")
     if args.experts % ep:
         raise LaunchError(f"error: --experts {args.experts} do not split over --ep {ep} ranks; "
                           f"use a multiple of {ep}")
@@ -127,6 +175,8 @@ def check(args, env=None) -> int:
     if args.batch_size % world:
         raise LaunchError(f"error: --batch-size {args.batch_size} does not divide among {world} "
                           f"ranks; use a multiple of {world}")
+    if world > HELD_OUT:
+        raise LaunchError(f"error: {world} processes leave no held-out sequence per rank; use at most {HELD_OUT}")
     return ep
 
 
@@ -140,7 +190,8 @@ def main(argv=None):
                f"{ctx.backend} on {ctx.device.type}")
         r = run(args.aux_coef, ep, log_every=10, steps=args.steps, batch_size=args.batch_size,
                 lr=args.lr, experts=args.experts, k=args.k, capacity_factor=args.capacity_factor,
-                dim=args.dim, seed=args.seed)
+                dim=args.dim, heads=args.heads, layers=args.layers, seed=args.seed,
+                renormalise={"auto": None, "renormalised": True, "probability": False}[args.gates])
         for i, tokens in enumerate(r["per_expert"]):
             print0(f"layer {i}: held-out tokens per expert {tokens} (max/mean {imbalance(tokens):.2f})")
         print0(loop.summary_line(ctx.world_size, 1, r["accuracy"], r["seconds"])
