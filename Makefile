@@ -6,7 +6,7 @@ NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
 
-.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks cluster-up cluster-down
+.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures my-notebooks restore-notebooks cluster-up cluster-down prepare
 
 # pip, quiet, with its exit status kept: a failed install stops make with pip's own error
 # (only the harmless notes about find-links folders this machine lacks are left out)
@@ -50,6 +50,12 @@ lab: venv
 ## the day before the course: one row per requirement, ok or the fix (PYTHON=python3 for a site's torch)
 check: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
 	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.readiness $(ARGS)
+
+## on a machine with internet (a login node): MNIST, CIFAR-10 and WikiText-2 into DATA (default:
+## WORKSHOP_DATA, else data), which the jobs then read offline
+DATA ?= $(or $(WORKSHOP_DATA),data)
+prepare: venv
+	for d in mnist cifar10 wikitext2; do $(BIN)/python -m source_code.data prepare --data-dir $(DATA) --dataset $$d || exit 1; done
 
 ## a real two-node Slurm cluster on this machine (nodes n1, n2, partition debug, site `local`) to try
 ## the notebooks' sbatch lines; needs root, installs Debian's Slurm packages the first time

@@ -84,9 +84,11 @@ def test_torchrun_trains_on_the_shared_read_only_copy(course_data, torchrun, nam
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("name", ["mnist", "wikitext2"])
-def test_sbatch_trains_on_the_shared_read_only_copy(course_data, submit, name):
+def test_sbatch_trains_on_the_shared_read_only_copy(course_data, submit):
+    """WikiText-2 as a job (notebook 06's `sbatch ... --dataset mnist` line runs in
+    tests/test_sbatch_lines.py against the same kind of directory)."""
     root, checksums = course_data
+    name = "wikitext2"
     module, args, _ = CASES[name]
     job = submit("ddp_single_node.slurm", *args, env={**env_for(root, checksums), "TRAIN_MODULE": module},
                  timeout=300)

@@ -119,7 +119,7 @@ def check_job_script(script: str, submit_if_possible: bool = True) -> str:
         raise AssertionError("not yet:\n* " + "\n* ".join(problems))
     if not (submit_if_possible and jobs.cluster_ready()):
         return ("the script reads right; no Slurm cluster answers here, so it was not submitted "
-                "(start the local one: sudo .venv/bin/python tests/slurm_cluster.py start)")
+                "(start the local one: make cluster-up, as root)")
     job = submit(script)
     problems = run_problems(job)
     if problems:

@@ -93,7 +93,9 @@ def _set_grads(model, flat_grad):
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=positive_int, default=20)
-    p.add_argument("--batch-size", type=positive_int, default=64, help="global batch, divided among the workers")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="global batch, divided among the workers (default: 16 per worker, so that "
+                        "any number of processes works: a job of 8 GPUs has 7 workers)")
     p.add_argument("--lr", type=positive_float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -103,6 +105,7 @@ def main(argv=None):
         if ctx.world_size < 3:
             print0(f"error: a server and at least 2 workers are needed; run: {LAUNCH}")
             return 2
+        args.batch_size = args.batch_size or 16 * (ctx.world_size - 1)
         loop.per_rank_batch(args.batch_size, ctx.world_size - 1)
         final, losses, moved = train_parameter_server(args, ctx.device)
         if ctx.rank == SERVER:  # only the server has the losses; it is rank 0, which prints

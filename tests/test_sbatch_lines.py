@@ -1,0 +1,141 @@
+"""Every `sbatch ...` line that a notebook or the README prints is submitted to the local Slurm
+cluster and must run.
+
+The lines are collected from the files themselves (markdown and code cells of every notebook,
+the README), so a line added, changed or mistyped there is what runs here. Each is submitted as
+printed, with three changes only a test needs: a real site's resources
+(`$(python -m source_code.launch.site_profiles --site S --gpus N --format args)`) become the
+`local` profile's for the same number of GPUs (at most the cluster's 4 slots), `$SCRATCH` a
+temporary directory, and sizes meant for GPUs (--dim 1024, --epochs 100, 256MiB ...) small ones.
+WORKSHOP_DATA points at a course directory with MNIST and WikiText-2 in their real formats
+(tests/dataset_files.py), as a participant's environment would on a cluster.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import dataset_files  # noqa: E402
+
+from source_code.launch import site_profiles  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+ROOT = Path(__file__).resolve().parents[1]
+SBATCH = re.compile(r"((?:[A-Z_]+=\S+\s+)*sbatch\s(?:[^`]*?--wrap\s+\"[^\"]*\"|"
+                    r".*?slurm/[\w./-]+\.(?:slurm|sh)\b[^`#]*))")
+SITE_ARGS = re.compile(r"\$\(python -m source_code\.launch\.site_profiles --site \w+ --gpus (\d+) "
+                       r"--format args\)")
+# GPU-sized flags and the values a 2-CPU test node runs in seconds
+SMALL = {"--dim": "64", "--heads": "4", "--layers": "2", "--epochs": "2", "--steps": "10",
+         "--max-size": "64KiB", "--snapshot-every": "5", "--timeout": "5", "--experts": "4",
+         "--microbatches": "4"}
+# a few steps of each entry point, appended where the line names no size (the last value wins)
+SHORT = {"source_code.training.ddp": ["--epochs", "2"],
+         "source_code.sharding.train": ["--epochs", "1", "--max-steps", "4"],
+         "source_code.pipeline.train": ["--epochs", "1", "--samples", "512"],
+         "source_code.tensor_parallel.train": ["--epochs", "1", "--max-steps", "4"],
+         "source_code.mesh.train_2d": ["--steps", "6"],
+         "source_code.sync.allreduce_benchmark": ["--ratio-size", "64KiB", "--ratio-reps", "3"],
+         "frameworks": ["--epochs", "1", "--max-steps", "4"]}
+# what the output of a line must show besides a successful exit (the launch line names the module)
+EXPECT = {"source_code.pipeline.train": [", 2 nodes", "summary: world_size=4 epochs=1"],
+          "source_code.sharding.train": [", 2 nodes", "summary: world_size=4 epochs=1"],
+          "source_code.profiling.hang": ["hang_detected=1"],
+          "FRAMEWORK=deepspeed": ["deepspeed ZeRO-3", "rendezvous c10d at n1:", "summary: world_size=4"],
+          "FRAMEWORK=accelerate": ["accelerate (MULTI_CPU)", "summary: world_size=4"],
+          "LAUNCHER=srun": ["world_size=2 (1 node(s) x 2), launched by srun"]}
+# lines that need a GPU: on the CPU cluster the job must stop at once with this one line
+NEEDS_GPU = {"--snapshot": "needs a GPU"}
+
+
+def module_of(env: dict, script: str) -> str:
+    if "FRAMEWORK" in env:
+        return "frameworks"
+    if script.endswith("tp_dp_2d.slurm"):
+        return "source_code.mesh.train_2d"
+    return env.get("TRAIN_MODULE", "source_code.training.ddp")
+
+
+def _texts():
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            yield f"{path.name[:2]}, cell {i}", "".join(cell["source"])
+    yield "README", (ROOT / "README.md").read_text()
+
+
+def printed_lines() -> dict[str, str]:
+    """{command: where it is printed first}, continuation lines joined, comments left out."""
+    found: dict[str, str] = {}
+    for where, text in _texts():
+        for line in text.replace("\\\n", " ").splitlines():
+            for m in SBATCH.finditer(line):
+                cmd = " ".join(m.group(1).split()).rstrip(" .,;")
+                found.setdefault(cmd, where)
+    return found
+
+
+def local_form(cmd: str, scratch: Path) -> tuple[dict, list[str], str, list[str]]:
+    """(environment, sbatch options, script, script arguments) of ``cmd`` for the test cluster."""
+    cmd = SITE_ARGS.sub(lambda m: " ".join(site_profiles.args("local", min(int(m.group(1)), 4))), cmd)
+    cmd = cmd.replace("$SCRATCH", str(scratch))
+    words = shlex.split(cmd)
+    i = words.index("sbatch")
+    env = dict(w.split("=", 1) for w in words[:i])
+    rest = words[i + 1:]
+    if "--wrap" in rest:  # the wrapped command, as the job script sbatch would write for it
+        j = rest.index("--wrap")
+        wrapped = scratch / "wrapped.sh"
+        wrapped.write_text(f"#!/bin/bash\ncd {shlex.quote(str(scratch))}\n{rest[j + 1]}\n")
+        return env, rest[:j], str(wrapped), []
+    j = next(k for k, w in enumerate(rest) if w.startswith("slurm/"))
+    args = rest[j + 1:]
+    for k, w in enumerate(args[:-1]):
+        if w in SMALL:
+            args[k + 1] = SMALL[w]
+    short = SHORT.get(module_of(env, rest[j]), [])
+    for flag, value in zip(short[::2], short[1::2]):
+        if flag not in args:
+            args += [flag, value]
+    return env, rest[:j], str(ROOT / rest[j]), args
+
+
+LINES = printed_lines()
+
+
+@pytest.fixture(scope="module")
+def course_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("course-data")
+    dataset_files.write_mnist(root, n_train=64, n_test=32)
+    text = dataset_files.WIKI["train"] * 40
+    dataset_files.write_wikitext(root, {"train": text, "valid": text[:2000], "test": text[:2000]})
+    return root
+
+
+def test_the_notebooks_print_sbatch_lines():
+    assert len(LINES) >= 15, LINES
+    assert any(w.startswith("README") for w in LINES.values())
+
+
+@pytest.mark.parametrize("cmd", list(LINES), ids=[f"{w}: {c[:60]}" for c, w in LINES.items()])
+def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submit, tmp_path, course_data):
+    env, options, script, args = local_form(cmd, tmp_path)
+    env = {"WORKSHOP_DATA": str(course_data), **env}
+    assert Path(script).is_file(), f"{LINES[cmd]} prints a script that does not exist: {cmd}"
+    job = submit(script, *args, env=env, sbatch_args=options, timeout=300)
+    refusal = next((line for flag, line in NEEDS_GPU.items() if flag in shlex.split(cmd)), None)
+    if refusal:  # stopped before any work, in one line that says why
+        assert not job.ok and refusal in job.output and "Traceback" not in job.output, job.output[-3000:]
+        return
+    assert job.ok, f"{LINES[cmd]}: `{cmd}` ended {job.state}\n{job.output[-3000:]}"
+    if "TRAIN_MODULE" in env:
+        assert f"-m {env['TRAIN_MODULE']}" in job.output, job.output[-3000:]
+    for key, needles in EXPECT.items():
+        if key in cmd:
+            for needle in needles:
+                assert needle in job.output, f"{LINES[cmd]}: no {needle!r} in\n{job.output[-3000:]}"
