@@ -7,7 +7,7 @@ from source_code.planner import memory as planner
 from source_code import workload
 from source_code.sharding import comm
 from source_code.sharding.exercises import check_predict_bf16_state_bytes
-from source_code.sharding.mixed_precision import bf16_step_bytes
+from source_code.memory.mixed_precision import bf16_step_bytes
 from source_code.solutions import nb09_sharding
 
 

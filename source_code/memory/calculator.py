@@ -9,7 +9,10 @@ mesh_memory.py, spec.py import them from here, so both give the same numbers):
 
 * ``PRECISIONS``: bytes per parameter of the weights, their gradients and the optimizer state
   (AdamW: two moments, plus an fp32 master copy of the weights when the model computes in 16
-  bits), and of an activation value;
+  bits), and of an activation value. Each names the bookkeeping it assumes (``accounting``):
+  bf16 mixed precision is "bf16" (the ZeRO paper's and DeepSpeed's, bf16 gradients, 16 bytes a
+  parameter), "bf16-megatron" (fp32 main gradients, 18; with its distributed optimizer, ZeRO-1
+  here, 6 + 12/d) or "bf16-fsdp2" (fp32 shards and gradients, bf16 all-gathers, 16);
 * ``state_bytes``: those bytes per rank under a ZeRO stage (0 = DDP, 1 optimizer state, 2 +
   gradients, 3 = FSDP + parameters sharded over ``dp`` ranks, each tensor cut in chunks of
   ceil(n / dp), rank 0 holding the largest);
@@ -37,21 +40,43 @@ SHARDED = {"ddp": set(), "zero1": {"optimizer"}, "zero2": {"optimizer", "grads"}
 @dataclass(frozen=True)
 class Precision:
     """Bytes per parameter of each state, per activation / message value, and how activations
-    are kept (a formula.MODES name)."""
+    are kept (a formula.MODES name). ``gathered``: bytes of a parameter value FSDP all-gathers
+    (0: as kept, ``param``); ``accounting``: whose bookkeeping this is."""
     name: str
     param: int
     grad: int
     optimizer: int     # Adam's two moments (+ an fp32 master copy in mixed precision)
     activation: int
     mode: str = "fp32"
+    gathered: int = 0
+    accounting: str = ""
+
+    @property
+    def gather_bytes(self) -> int:
+        return self.gathered or self.param
 
 
+# Three bookkeepings of bf16 mixed precision, all with fp32 master weights and moments (12
+# bytes, K = 12 in the ZeRO paper): where the gradients live differs (counted in
+# memory/mixed_precision.py and memory/fsdp_bf16.py).
 PRECISIONS = {
-    "fp32": Precision("fp32", 4, 4, 8, 4, "fp32"),           # what the workshop runs on CPU
-    "bf16": Precision("bf16", 2, 2, 12, 2, "bf16"),          # bf16 weights/grads, fp32 master + Adam
-    "fp16": Precision("fp16", 2, 2, 12, 2, "fp16"),          # the same bytes, plus a loss scale
-    "autocast": Precision("autocast", 4, 4, 8, 2, "autocast"),  # fp32 weights, torch.autocast(bf16)
-    "bf16-pure": Precision("bf16-pure", 2, 2, 4, 2, "bf16"),  # everything in bf16, no master copy
+    "fp32": Precision("fp32", 4, 4, 8, 4, "fp32",                   # what the workshop runs on CPU
+                      accounting="fp32 weights, gradients, AdamW moments"),
+    "bf16": Precision("bf16", 2, 2, 12, 2, "bf16", accounting=(
+        "the ZeRO paper's (DeepSpeed's): bf16 weights and gradients, fp32 master + moments "
+        "(2+2+12); ZeRO-3 shards the bf16 weights")),
+    "bf16-megatron": Precision("bf16-megatron", 2, 4, 12, 2, "bf16", accounting=(
+        "Megatron-LM's: bf16 weights, fp32 main gradients, fp32 master + moments (2+4+12); "
+        "its distributed optimizer is ZeRO-1 here: 6 + 12/d")),
+    "bf16-fsdp2": Precision("bf16-fsdp2", 4, 4, 8, 2, "bf16", gathered=2, accounting=(
+        "FSDP2 with MixedPrecisionPolicy(bf16, reduce fp32): fp32 shards (the master copy), "
+        "fp32 gradients and moments (4+4+8), bf16 all-gathers")),
+    "fp16": Precision("fp16", 2, 2, 12, 2, "fp16",                  # the same bytes, plus a loss scale
+                      accounting="as bf16, plus a loss scale"),
+    "autocast": Precision("autocast", 4, 4, 8, 2, "autocast",       # fp32 weights, torch.autocast(bf16)
+                          accounting="fp32 weights, gradients, moments; bf16 matmuls"),
+    "bf16-pure": Precision("bf16-pure", 2, 2, 4, 2, "bf16",         # everything in bf16, no master copy
+                           accounting="bf16 weights, gradients and moments, no master copy"),
 }
 
 
@@ -98,7 +123,7 @@ def state_bytes(numels, world_size: int, zero: int | str, prec: Precision | str 
 
 def gathered_block_bytes(block_params: int, zero: int | str, dp: int, prec: Precision | str) -> int:
     """FSDP's transient: one block all-gathered while it computes, the next one prefetched."""
-    return 2 * block_params * as_precision(prec).param if strategy(zero) == "fsdp" and dp > 1 else 0
+    return 2 * block_params * as_precision(prec).gather_bytes if strategy(zero) == "fsdp" and dp > 1 else 0
 
 
 def block_params(hidden: int, ffn: int = 0) -> int:

@@ -31,19 +31,34 @@ def terms_figure(terms: dict, counted: dict, title: str = ""):
     return fig
 
 
-def recompute_figure(rows: dict):
-    """Peak bytes of a step and step time, relative to no recomputation, per mode."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
-    modes = list(rows)
-    a.bar(modes, [rows[m]["peak"] / MIB for m in modes], color="#4477aa")
-    a.bar(modes, [rows[m]["after_forward"] / MIB for m in modes], color="#88ccee",
-          label="still allocated after forward")
-    a.set_ylabel("MiB allocated during the step (peak)")
-    a.legend(fontsize=8)
-    b.bar(modes, [rows[m]["time_ratio"] for m in modes], color="#cc6677")
-    b.axhline(1.0, color="k", linewidth=0.8)
-    b.set_ylabel("step time / no recomputation")
-    fig.suptitle("Activation checkpointing: memory for time (4 blocks)")
+def recompute_figure(runs: dict):
+    """Per configuration and recomputation mode, relative to no recomputation: (left) the peak
+    and what is still allocated after forward; (right) the FLOPs of a step (counted) and its
+    time (measured). ``runs``: {label: recompute.measure(...)}; both panels share the y scale."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    labels = list(runs)
+    modes = list(runs[labels[0]])
+    width = 0.8 / len(labels)
+    x = range(len(modes))
+    shades = [("#4477aa", "#88ccee"), ("#aa3377", "#ee99bb")]
+    for i, label in enumerate(labels):
+        rows = runs[label]
+        at = [m + (i - (len(labels) - 1) / 2) * width for m in x]
+        dark, light = shades[i % len(shades)]
+        a.bar(at, [rows[m]["peak_ratio"] for m in modes], width, color=dark, label=f"{label}: peak")
+        a.bar(at, [rows[m]["after_forward"] / rows["none"]["after_forward"] for m in modes], width * 0.5,
+              color=light, label=f"{label}: kept after forward")
+        b.bar(at, [rows[m]["flops_ratio"] for m in modes], width * 0.5, color=dark, align="edge",
+              label=f"{label}: FLOPs (counted)")
+        b.bar(at, [rows[m]["time_ratio"] for m in modes], -width * 0.5, color=light, align="edge",
+              hatch="//", edgecolor="white", label=f"{label}: step time (this run)")
+    for ax, title in ((a, "memory"), (b, "cost")):
+        ax.axhline(1.0, color="k", linewidth=0.8, label="no recomputation = 1")
+        ax.set_xticks(list(x), modes)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    a.set_ylabel("relative to no recomputation")
+    fig.suptitle("Activation checkpointing: memory for compute")
     fig.tight_layout()
     return fig
 

@@ -30,7 +30,7 @@ def allocator_vs_counted(model, batch: int, seq: int, png: str | None = None) ->
     """Per mode: {"allocator_peak", "counted_peak"} bytes above what the step found allocated;
     with ``png`` the snapshot's timeline is drawn there."""
     device = next(model.parameters()).device
-    x, y = recompute._batch(model, batch, seq, device)
+    x, y = recompute.random_tokens(model, batch, seq, device)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     recompute.loss_of(model, x, y).backward()            # warm up: cuBLAS handles, workspaces

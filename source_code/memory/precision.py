@@ -7,8 +7,10 @@ Ways to train the same model, one AdamW step each, state bytes counted per param
 * ``fp32``: weights, gradients, AdamW's exp_avg and exp_avg_sq in fp32: 4 + 4 + 8 = 16;
 * ``autocast``: fp32 weights, ``torch.autocast(dtype=bfloat16)`` runs the matmuls in bf16
   (casting the weights on the fly, 2 bytes a parameter during forward and backward): 16;
-* ``bf16-mixed`` (source_code/sharding/mixed_precision.py, Megatron's and DeepSpeed's way): bf16
-  weights and gradients, fp32 master weights and moments: 2 + 2 + 4 + 4 + 4 = 16;
+* ``bf16-mixed`` (mixed_precision.bf16_step_bytes, the ZeRO paper's and DeepSpeed's
+  bookkeeping): bf16 weights and gradients, fp32 master weights and moments: 2 + 2 + 4 + 4 + 4 = 16;
+* ``bf16-megatron`` (mixed_precision.megatron_step_bytes, Megatron-LM's): the same with the
+  gradients accumulated in an fp32 buffer (main_grad): 2 + 4 + 12 = 18;
 * ``fp16-scaler``: fp32 weights, ``autocast(dtype=float16)`` and ``torch.amp.GradScaler``: 16,
   plus the scale (one fp32 number);
 * ``bf16-pure``: everything in bf16, no master copy: 2 + 2 + 4 = 8 bytes, and updates smaller
@@ -18,18 +20,23 @@ Mixed precision saves activation bytes and time (16-bit matmuls), not state byte
 exponent bits: gradients below 6e-8 become 0 (``underflow``), values above 65504 become inf
 (``overflow``); GradScaler multiplies the loss by a scale so small gradients survive, divides
 it out before the step, and skips a step whose gradients hold an inf or a NaN, halving the
-scale. bf16 has fp32's 8 exponent bits and needs no scaling, but only 8 bits of mantissa.
+scale. bf16 has fp32's 8 exponent bits and needs no scaling, but only 7 explicit mantissa bits
+(8 counting the implicit leading one; fp16 and TF32 have 10 + 1, fp32 23 + 1): ``formats``
+reads them from torch.finfo.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from source_code import workload
-from source_code.sharding import mixed_precision
 from source_code.measure import optimizer_tensors, tensor_bytes
+from source_code.memory import mixed_precision
 
-WAYS = ("fp32", "autocast", "bf16-mixed", "fp16-scaler", "bf16-pure")
+WAYS = ("fp32", "autocast", "bf16-mixed", "bf16-megatron", "fp16-scaler", "bf16-pure")
+COUNTED = {"bf16-mixed": mixed_precision.bf16_step_bytes, "bf16-megatron": mixed_precision.megatron_step_bytes}
 
 
 def _loss(model, x, y, dtype=None):
@@ -41,8 +48,8 @@ def _loss(model, x, y, dtype=None):
 def step_bytes(way: str, cfg: dict | None = None, batch_size: int = 8) -> dict:
     """{"n_params", "params", "grads", "optimizer", "total"} held after one step of ``way``."""
     cfg = cfg or workload.model_config()
-    if way == "bf16-mixed":
-        b = mixed_precision.bf16_step_bytes(cfg, batch_size=batch_size)
+    if way in COUNTED:
+        b = COUNTED[way](cfg, batch_size=batch_size)
         return {k: b[k] for k in ("n_params", "params", "grads", "optimizer", "total")}
     if way not in WAYS:
         raise ValueError(f"unknown way {way!r}; choose one of {', '.join(WAYS)}")
@@ -154,13 +161,14 @@ def lost_updates(lr: float = 1e-4, steps: int = 100, n: int = 4096, seed: int = 
             "bf16_spacing_at_1": torch.finfo(torch.bfloat16).eps}
 
 
-def fsdp_wire_bytes(dim: int = 64, layers: int = 2) -> dict:
-    """On each rank of processes.spawn: what FSDP2 moves per step without and with
-    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (notebook 09's measurement,
-    sharding.fsdp_demo.bf16): payload bytes of the all-gathers and reduce-scatters."""
-    from source_code.distributed import context
-    from source_code.sharding import fsdp_demo
-    b = fsdp_demo.bf16(context(), workload.model_config(dim=dim, n_layers=layers))
-    return {"fp32_all_gather": b["fp32"][0], "fp32_reduce_scatter": b["fp32"][1],
-            "bf16_all_gather": b["bf16"][0], "bf16_reduce_scatter": b["bf16"][1],
-            "shard_dtype": b["shard_dtype"]}
+def formats() -> dict:
+    """{dtype: (exponent bits, explicit mantissa bits)} from torch.finfo: the mantissa's bits
+    are -log2(eps) (eps = 2^-explicit bits), the exponent's the rest of the width but the sign.
+    TF32 is not a tensor dtype: fp32's exponent with fp16's 10 mantissa bits, inside the matmul."""
+    out = {}
+    for name, dt in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        info = torch.finfo(dt)
+        mantissa = round(-math.log2(info.eps))
+        out[name] = (info.bits - 1 - mantissa, mantissa)
+    out["tf32"] = (out["fp32"][0], out["fp16"][1])
+    return out

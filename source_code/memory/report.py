@@ -1,6 +1,7 @@
 """Where the bytes of training go: counted activations vs the formula, precisions, recomputation.
 
     python -m source_code.memory.report                  # CPU, about 15 s
+    python -m source_code.memory.report --attention math --seq 256 --dim 128 --heads 8 --batch 2
     python -m source_code.memory.report --device auto    # a GPU if the policy gives one (+ allocator peak)
     python -m source_code.memory.report --device auto --snapshot timeline.png
 
@@ -11,25 +12,27 @@ Printed, one line each:
   formula's (formula.py), with their relative error;
 * ``block16:`` one block in 16 bits: counted, our formula, Korthikanti et al.'s s b h (34 + 5 a s / h);
 * ``bytes_per_param:`` parameters + gradients + optimizer state per parameter after one AdamW
-  step, for fp32, bf16 autocast, bf16 with fp32 master weights, fp16 + GradScaler, pure bf16;
-* ``recompute:`` a 4-block model: peak bytes of a step and step time, none / full / selective;
+  step, for fp32, bf16 autocast, bf16 with fp32 master weights (the ZeRO paper's bookkeeping,
+  and Megatron-LM's with fp32 main gradients), fp16 + GradScaler, pure bf16;
+* ``recompute:`` a model of ``--layers`` blocks: peak bytes, FLOPs and time of a step, none /
+  full / selective, with a fused (flash) or unfused (math) attention;
 * ``accumulation:`` 4 micro-batches vs the whole batch: largest weight difference;
 * on a GPU ``gpu:`` the allocator's peak (max_memory_allocated) beside the counted peak;
 
 and last
 
-    summary: device=D ... activation_bytes_rel_error=E recompute_memory_ratio=R
+    summary: device=D ... megatron_bytes_per_param=M activation_bytes_rel_error=E recompute_memory_ratio=R
 
-E: the largest relative error of the formula over the configurations (goal: E <= 0.01); R: the
-peak bytes a step allocates with full checkpointing / without, 4 blocks.
+M: bytes per parameter counted in a step of Megatron-LM's bookkeeping; E: the largest relative
+error of the formula over the configurations (goal: E <= 0.01); R: the peak bytes a step
+allocates with full checkpointing / without.
 """
 from __future__ import annotations
-
-import argparse
 
 import torch
 import torch.nn.functional as F
 
+from source_code.cli import Parser, positive_int, writable_path
 from source_code.distributed import pick_device
 from source_code.errors import run_main
 from source_code.memory import accumulation, formula, precision, recompute
@@ -74,7 +77,7 @@ def block16(batch: int = 4, seq: int = 128, hidden: int = 64, heads: int = 4, de
 
 
 def run(device: str = "cpu", dim: int = 64, seq: int = 64, batch: int = 8, repeats: int = 5,
-        snapshot: str | None = None) -> dict:
+        snapshot: str | None = None, heads: int = 4, layers: int = 4, attention: str = "flash") -> dict:
     kind = torch.device(device).type
     rows = [(c, counted_activations(*c, device=device)) for c in CONFIGS]
     for c, r in rows:
@@ -86,10 +89,11 @@ def run(device: str = "cpu", dim: int = 64, seq: int = 64, batch: int = 8, repea
     per = precision.per_parameter()
     print("bytes_per_param: " + " ".join(f"{w}={v['total']:.2f}" for w, v in per.items()), flush=True)
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=32, dim=dim, n_layers=4, n_heads=4, max_len=seq).to(device)
-    rec = recompute.measure(model, batch, seq, repeats)
-    print("recompute: " + " ".join(f"{m}_peak_mib={r['peak'] / 2**20:.2f} {m}_time_ratio={r['time_ratio']:.2f}"
-                                   for m, r in rec.items()), flush=True)
+    model = TransformerLM(vocab_size=32, dim=dim, n_layers=layers, n_heads=heads, max_len=seq).to(device)
+    rec = recompute.measure(model, batch, seq, repeats, attention=attention)
+    print(f"recompute: attention={attention} " + " ".join(
+        f"{m}_peak_mib={r['peak'] / 2**20:.2f} {m}_flops_ratio={r['flops_ratio']:.3f} "
+        f"{m}_time_ratio={r['time_ratio']:.2f}" for m, r in rec.items()), flush=True)
     acc = accumulation.same_update()
     print(f"accumulation: micro_batches={acc['micro_batches']} max_abs_diff={acc['max_abs_diff']:.2e}")
     out = {"rows": rows, "block16": b, "per_param": per, "recompute": rec, "accumulation": acc,
@@ -105,29 +109,44 @@ def run(device: str = "cpu", dim: int = 64, seq: int = 64, batch: int = 8, repea
     return out
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv=None):
+    """The flags, every one checked before any work: one line naming the fix, exit status 2."""
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "auto"), default="cpu",
                    help="auto: the device policy's choice (one GPU if there is one)")
-    p.add_argument("--dim", type=int, default=64, help="hidden size of the 4-block recomputation model")
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per recomputation mode")
-    p.add_argument("--snapshot", default=None, help="GPU only: draw the memory snapshot's timeline to this PNG")
+    p.add_argument("--dim", type=positive_int, default=64, help="hidden size of the recomputation model")
+    p.add_argument("--heads", type=positive_int, default=4, help="its attention heads (divide --dim)")
+    p.add_argument("--layers", type=positive_int, default=4, help="its blocks")
+    p.add_argument("--seq", type=positive_int, default=64)
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--attention", choices=tuple(recompute.ATTENTION), default="flash",
+                   help="flash: the fused kernel; math: unfused, the s x s scores kept")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed steps per recomputation mode")
+    p.add_argument("--snapshot", type=writable_path, default=None,
+                   help="GPU only: draw the memory snapshot's timeline to this .png")
     args = p.parse_args(argv)
-    if args.dim < 4 or args.dim % 4 or min(args.seq, args.batch, args.repeats) < 1:
-        p.error("--dim must be a positive multiple of 4 (4 heads); --seq, --batch, --repeats >= 1")
+    if args.dim % args.heads:
+        p.error(f"--dim {args.dim} is not divisible by --heads {args.heads}; choose a multiple of the heads")
+    if args.snapshot and not args.snapshot.lower().endswith(".png"):
+        p.error(f"--snapshot {args.snapshot}: give a file name ending in .png")
     device = pick_device()[0] if args.device == "auto" else torch.device("cpu")
     if args.snapshot and device.type != "cuda":
         p.error("--snapshot needs a GPU (--device auto on a machine with one)")
+    return args, device
+
+
+def main(argv=None):
+    args, device = parse(argv)
     if device.type == "cpu":
         torch.set_num_threads(min(torch.get_num_threads(), 2))
-    print(f"device: {device}")
-    out = run(str(device), args.dim, args.seq, args.batch, args.repeats, args.snapshot)
+    print(f"device: {device}", flush=True)
+    out = run(str(device), args.dim, args.seq, args.batch, args.repeats, args.snapshot, args.heads,
+              args.layers, args.attention)
     pp = out["per_param"]
     print(f"summary: device={device} configs={len(out['rows'])} fp32_bytes_per_param={pp['fp32']['total']:.2f} "
           f"bf16_mixed_bytes_per_param={pp['bf16-mixed']['total']:.2f} "
           f"fp16_scaler_bytes_per_param={pp['fp16-scaler']['total']:.2f} "
+          f"megatron_bytes_per_param={pp['bf16-megatron']['total']:.2f} "
           f"activation_bytes_rel_error={out['E']:.2e} recompute_memory_ratio={out['R']:.3f}")
     return 0 if out["E"] <= 0.01 else 1
 

@@ -32,9 +32,9 @@ class SavedTensors:
         self._exclude = {_key(p) for p in exclude}
         self._seen: dict[tuple, int] = {}
         self.by_shape: dict[tuple, int] = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
-    def _pack(self, t: torch.Tensor):
+    def pack(self, t: torch.Tensor):
         key = _key(t)
         if key not in self._exclude and key not in self._seen:
             n = t.untyped_storage().nbytes()
@@ -44,7 +44,7 @@ class SavedTensors:
         return t
 
     @staticmethod
-    def _unpack(t: torch.Tensor) -> torch.Tensor:
+    def unpack(t: torch.Tensor) -> torch.Tensor:
         return t
 
     @property

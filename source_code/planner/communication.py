@@ -78,7 +78,7 @@ def per_step(model: Model, cfg: Config, gpus_per_node: int = 8,
         else:
             blocks = layers * (-(-model.block_tp_sharded() // cfg.tp) + model.block_replicated())
             rows.append(_row("dp", "reduce_scatter", m * p * prec.grad, f, m, cfg, gpus_per_node))
-            rows.append(_row("dp", "all_gather", m * (p + blocks) * prec.param, f, 2 * m,
+            rows.append(_row("dp", "all_gather", m * (p + blocks) * prec.gather_bytes, f, 2 * m,
                              cfg, gpus_per_node))
     if cfg.pp > 1:
         sends = 2 if cfg.pp > 2 else 1      # a middle stage sends forward and backward

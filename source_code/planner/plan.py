@@ -51,7 +51,8 @@ def assumptions(cluster: Cluster, precision: str = "bf16") -> list[str]:
             f"bubble); {cluster.intra_gbps:g} GB/s per GPU inside a node, {cluster.inter_gbps:g} GB/s "
             f"between nodes (--intra-gbps, --inter-gbps), no overlap with compute, no latency; "
             f"{cluster.usable:.0%} of {cluster.gpu_mem_gb:g} GB usable; {p.param}+{p.grad}+"
-            f"{p.optimizer} bytes per parameter ({precision})",
+            f"{p.optimizer} bytes per parameter ({precision}: {p.accounting}; --precision "
+            f"{' or '.join(k for k in PRECISIONS if k != precision)} for the others)",
             "  ZeRO as assumed in memory and traffic alike: " + "; ".join(ZERO_VARIANTS[z] for z in (1, 2, 3))]
 
 

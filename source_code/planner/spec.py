@@ -99,8 +99,10 @@ def model_from(name: str = "", params: float = 0, layers: int = 0, hidden: int =
 
 
 # bytes per parameter and per activation: one table for notebooks 08 and 12
-# (source_code/memory/calculator.py); the planner offers the two precisions clusters train in
-PRECISIONS = {k: CALCULATOR_PRECISIONS[k] for k in ("fp32", "bf16")}
+# (source_code/memory/calculator.py); the planner offers fp32 and the bookkeepings of bf16 mixed
+# precision: "bf16" the ZeRO paper's / DeepSpeed's (bf16 gradients, the default), Megatron-LM's
+# (fp32 main gradients) and FSDP2's (fp32 shards, bf16 all-gathers); each names itself
+PRECISIONS = {k: CALCULATOR_PRECISIONS[k] for k in ("fp32", "bf16", "bf16-megatron", "bf16-fsdp2")}
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,16 @@
 
 The learner writes ``predict_bf16_state_bytes(n_params, world_size, strategy)``: the bytes one
 rank keeps for {"params", "grads", "optimizer"} when training in bf16 mixed precision with
-AdamW, the DeepSpeed/Megatron way: bf16 weights and gradients (2 bytes each), and in the
-optimizer an fp32 master copy of the weights plus fp32 exp_avg and exp_avg_sq (4 + 4 + 4
-bytes), for ``strategy`` in ddp, zero1, zero2, fsdp.
+AdamW, as the ZeRO paper and DeepSpeed keep the books: bf16 weights and gradients (2 bytes
+each), and in the optimizer an fp32 master copy of the weights plus fp32 exp_avg and exp_avg_sq
+(4 + 4 + 4 bytes), for ``strategy`` in ddp, zero1, zero2, fsdp. (Megatron-LM keeps fp32 main
+gradients, 4 bytes: the planner's "bf16-megatron"; source_code/memory/mixed_precision.py
+counts both.)
 
 It is compared with the planner's precision model (source_code/planner/spec.py
 ``PRECISIONS["bf16"]``, sharded as source_code/planner/memory.py ``SHARDED`` says) on many
 cases, with the planner's per-GPU memory (``mesh_memory.stage_bytes``) for its named models, and
-with bytes counted in a real bf16 + fp32-master AdamW step (mixed_precision.py), within 2 %.
+with bytes counted in a real bf16 + fp32-master AdamW step (memory/mixed_precision.py), within 2 %.
 A wrong answer is named by the term it missed.
 """
 from __future__ import annotations

@@ -4,14 +4,17 @@
 """
 from __future__ import annotations
 
+STATE_BYTES = {"fp32": 4 + 4 + 8,              # weights, gradients, AdamW's two moments
+               "bf16-mixed": 2 + 2 + 4 + 4 + 4}  # bf16 weights and gradients; fp32 master + moments
+VALUE_BYTES = {"fp32": 4, "bf16-mixed": 2}     # an activation value in the model's dtype
 
-def predict_peak_bytes(n_params, layers, hidden, heads, vocab, batch, seq):
-    """fp32 + AdamW, step 2: 4 (weights) + 4 (gradients) + 8 (two moments) bytes a parameter,
-    plus the activations autograd saves at the start of backward."""
-    state = 16 * n_params
-    tokens = batch * seq
-    per_block = 16 * hidden + 4 + heads          # values a token: see memory.formula.block_terms
-    head = 2 * hidden + 2 + vocab                # final norm, fp32 log-softmax
-    ids = 2 * 8 / 4                              # int64 input and target ids, in fp32 values
-    activations = 4 * tokens * (layers * per_block + head + ids) + 8 * seq + 4
-    return state + activations
+
+def predict_peak_bytes(cfg: dict) -> float:
+    """The state (bytes per parameter), plus what autograd keeps at the start of backward."""
+    n, h, a, vocab = cfg["n_params"], cfg["hidden"], cfg["heads"], cfg["vocab"]
+    v = VALUE_BYTES[cfg["precision"]]
+    tokens = cfg["batch"] * cfg["seq"]
+    per_block = v * (16 * h + 4) + 4 * a        # memory.formula.block_terms; log-sum-exp in fp32
+    head = v * (2 * h + 2) + 4 * vocab + 2 * 8  # final norm, fp32 log-softmax, int64 input and target ids
+    other = 8 * cfg["seq"] + 4                  # int64 positions, the loss's fp32 weight
+    return STATE_BYTES[cfg["precision"]] * n + tokens * (cfg["layers"] * per_block + head) + other
