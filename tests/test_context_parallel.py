@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from source_code.context_parallel import compare, costs, layout as lay
+from source_code.context_parallel.memory import check_width
 from source_code.context_parallel.merge import merge
 from source_code.context_parallel.partial import attend, attend_backward
+from source_code.context_parallel.ring import ring_attention
 from source_code.errors import LaunchError
 
 
@@ -84,12 +86,25 @@ def test_merge_is_stable_where_exp_overflows():
 def test_bytes_formula():
     assert costs.ring_bytes(100, 1) == {"forward": 0, "backward": 0}
     assert costs.ring_bytes(100, 4) == {"forward": 600, "backward": 600 + 800}
+    assert costs.ring_bytes(100, 4, grad_bytes=200) == {"forward": 600, "backward": 600 + 1600}
+
+
+def test_mesh_traffic_sends_dk_dv_in_fp32():
+    """bf16 K/V (M bytes each per rank) and fp32 dK/dV (2M): (n-1) 2M + (n-1) 2M + n 4M."""
+    rows = costs.mesh_traffic(batch=1, seq=1024, dim=256, heads=8, kv_heads=2, params_per_layer=10**6,
+                              dp=1, cp=4, tp=1)
+    m = 1 * (1024 // 4) * 2 * 32 * 2
+    cp = next(r for r in rows if r["dim"] == "CP")
+    assert cp["bytes"] == 3 * 2 * m + 3 * 2 * m + 4 * 2 * (2 * m) and "fp32" in cp["what"]
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--seq", "50"], "pad the batch to 52"),
     (["--worlds", "1"], "at least 2"),
     (["--worlds", "two"], "comma-separated"),
+    (["--seq", "0"], "positive integer"),
+    (["--seq", "-8"], "positive integer"),
+    (["--seq", "many"], "not a number"),
 ])
 def test_entry_point_refuses_before_starting_processes(argv, message):
     with pytest.raises(LaunchError, match=message):
@@ -103,3 +118,23 @@ def test_entries_computed_count_diagonal_blocks_whole():
 
 def layout_entries(seq, world, name):
     return lay.entries_per_rank(seq, world, name, causal=True)
+
+
+@pytest.mark.parametrize("seq, message", [(0, "positive length"), (-8, "positive length")])
+def test_lengths_that_are_not_positive_are_refused(seq, message):
+    with pytest.raises(ValueError, match=message):
+        lay.check_length(seq, 4, "zigzag")
+
+
+def test_ring_attention_refuses_an_odd_local_length_under_zigzag():
+    q = torch.randn(1, 2, 7, 4)
+    with pytest.raises(ValueError, match="holds 7 tokens.*multiple of 2.*pad the sequence"):
+        ring_attention(q, q, q, layout="zigzag")
+    with pytest.raises(ValueError, match="one shape"):
+        ring_attention(q, q[:, :1], q[:, :1])
+
+
+@pytest.mark.parametrize("dim, heads", [(65, 4), (64, 0), (0, 4)])
+def test_a_width_the_heads_do_not_divide_is_refused(dim, heads):
+    with pytest.raises(ValueError, match="does not split into .* heads: choose"):
+        check_width(dim, heads)

@@ -7,13 +7,15 @@ Lesson files (notebook 13), in reading order:
                   the flash-attention backward from the final lse
 * merge.py     -- the log-sum-exp merge of two partial results (online softmax)
 * comm.py      -- the ring: send to the next rank, receive from the previous, in the
-                  background; every transfer recorded (bytes, timestamps)
+                  background
 * ring.py      -- ring attention forward and backward as one autograd Function
 * model.py     -- a TransformerLM block with its attention core exchangeable
 * costs.py     -- bytes by formula, the alpha-beta time of a hop, what each mesh dimension sends
 * library.py   -- torch.distributed.tensor.experimental.context_parallel on the same inputs
 
 Harness, measurements, checks:
+* probes.py    -- measuring from outside: a Ring that records every transfer, a kernel
+                  wrapper that times block attention and counts the entries it scored
 * harness.py   -- parity with full attention on one process, per rank
 * memory.py    -- activation bytes of a block as the sequence grows, with and without CP
 * timing.py    -- step times of the layouts, overlapped vs serialized transfers, a size sweep

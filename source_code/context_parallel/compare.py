@@ -5,7 +5,8 @@
 
 For each world size, ``report`` runs on every rank (processes.spawn): outputs and gradients
 of q, k, v from ring attention (contiguous and zigzag, causal and not) against full attention
-on one process (harness.parity), the query-key pairs each rank scored, the bytes it sent,
+on one process (harness.parity), the query-key pairs each rank's block attention left
+unmasked (counted from its scores, probes.py), the bytes it sent,
 and torch's ``context_parallel`` on the same inputs (library.attempt: on the CPU it raises,
 and the line says so with the library's own message). Printed last:
 
@@ -13,13 +14,14 @@ and the line says so with the library's own message). Printed last:
 
 D is the largest |difference| over every case, rank and tensor (goal: <= 1e-5 in fp32 on the
 CPU, parity.tolerance); I is max/min pairs per rank with zigzag, causal, over the world
-sizes (goal: <= 1.05). Exit status 1 when a goal is missed.
+sizes (goal: <= 1.05). Exit status 2 and one line when a goal is missed or a flag is wrong
+(--seq must be positive and a multiple of 2 x each world size).
 """
 from __future__ import annotations
 
 
 from source_code import processes
-from source_code.cli import Parser
+from source_code.cli import Parser, positive_int
 from source_code.context_parallel import harness, layout as lay, library
 from source_code.context_parallel.memory import cp_report
 from source_code.device_policy import exact_math
@@ -30,12 +32,20 @@ from source_code.parity import tolerance
 IMBALANCE_GOAL = 1.05
 
 
-def report(shape: harness.Shape = harness.Shape(), lengths=(), with_library: bool = True) -> dict:
-    """Run on every rank: parity, optionally activation bytes (``lengths``) and the library."""
+def report(shape: harness.Shape = harness.Shape(), lengths=(), with_library: bool = True,
+           verbose: bool = False) -> dict:
+    """Run on every rank: parity, optionally activation bytes (``lengths``) and the library.
+    ``verbose``: rank 0 prints a line as each part is done (a notebook streams them)."""
     exact_math()
-    return {"parity": harness.parity(shape),
-            "memory": cp_report(lengths) if lengths else None,
-            "library": library.attempt(shape) if with_library else None}
+    harness.say("started; ring attention vs full attention, 2 layouts x causal or not", verbose)
+    out = {"parity": harness.parity(shape, verbose=verbose)}
+    out["memory"] = cp_report(lengths) if lengths else None
+    if lengths:
+        harness.say(f"activation bytes counted for t = {', '.join(map(str, lengths))}", verbose)
+    out["library"] = library.attempt(shape) if with_library else None
+    if with_library:
+        harness.say("torch's context_parallel tried", verbose)
+    return out
 
 
 def summarize(runs: dict) -> dict:
@@ -47,7 +57,7 @@ def summarize(runs: dict) -> dict:
             case = per_rank[0]["parity"]["cases"][i]
             diffs = {k: max(r["parity"]["cases"][i]["diffs"][k] for r in per_rank) for k in case["diffs"]}
             worst = max(worst, *diffs.values())
-            pairs = [r["parity"]["cases"][i]["pairs"]["forward"] for r in per_rank]
+            pairs = [r["parity"]["cases"][i]["unmasked"]["forward"] for r in per_rank]   # as the kernel saw them
             work[(world, case["layout"], case["causal"])] = pairs
             rows.append({"world": world, "layout": case["layout"], "causal": case["causal"], **diffs})
     zig = [lay.imbalance(w) for (world, layout, causal), w in work.items() if layout == "zigzag" and causal]
@@ -61,14 +71,15 @@ def _worlds(text: str) -> list[int]:
     except ValueError:
         raise LaunchError(f"error: --worlds {text!r}: comma-separated integers, e.g. 2,4") from None
     if any(w < 2 for w in worlds):
-        raise LaunchError(f"error: --worlds {text!r}: context parallelism needs at least 2 processes")
+        raise LaunchError(f"error: --worlds {text!r}: context parallelism needs at least 2 processes per world")
     return worlds
 
 
 def main(argv=None) -> int:
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", default="2,4", help="world sizes to run, comma-separated (default 2,4)")
-    p.add_argument("--seq", type=int, default=harness.Shape.seq, help="sequence length (default 48)")
+    p.add_argument("--seq", type=positive_int, default=harness.Shape.seq,
+                   help="sequence length, a multiple of 2 x each world size (default 48)")
     p.add_argument("--device", choices=("cpu", "auto"), default="cpu",
                    help="cpu: gloo on the CPU; auto: one GPU per process where there are enough")
     args = p.parse_args(argv)

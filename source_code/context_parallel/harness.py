@@ -3,8 +3,10 @@
 ``parity`` builds the same q, k, v and upstream gradient on every rank from one seed,
 computes full attention (F.scaled_dot_product_attention on the whole sequence, fp32) and its
 gradients, then ring attention for each layout x causal on this rank's tokens, and compares
-this rank's outputs and gradients with its slice of the reference. Also returned: the pairs
-this rank scored, the bytes it sent per phase, and the error a bad sequence length gives.
+this rank's outputs and gradients with its slice of the reference. Also returned, measured
+from outside the lesson code (probes.py): the score entries this rank's block attention
+computed and those its mask left visible, the bytes it sent per phase, the same bytes for
+bf16 inputs (whose dK/dV still travel in fp32), and the error a bad sequence length gives.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from source_code.context_parallel import layout as lay
-from source_code.context_parallel.comm import Ring
+from source_code.context_parallel.probes import Probe
 from source_code.context_parallel.ring import ring_attention
 from source_code.distributed import context
+from source_code.measure import clock
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,10 @@ class Shape:
         return self.batch * self.heads * self.seq // world * self.head_dim * itemsize
 
 
-def inputs(shape: Shape, device, seed: int = 0):
+def inputs(shape: Shape, device, seed: int = 0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     q, k, v, dout = (torch.randn(shape.batch, shape.heads, shape.seq, shape.head_dim, generator=g)
-                     .to(device) for _ in range(4))
+                     .to(device, dtype) for _ in range(4))
     return q, k, v, dout
 
 
@@ -51,21 +54,42 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-def one_case(q, k, v, dout, ref: dict, layout: str, causal: bool, overlap: bool = True) -> dict:
-    """Ring attention on this rank's tokens vs its slice of ``ref``."""
+def measured_run(q, k, v, dout, layout: str, causal: bool, overlap: bool = True, count: bool = False):
+    """Ring attention forward + backward on this rank's tokens with a Probe around it:
+    (output, grads of q, k, v, the probe)."""
     r, n = dist.get_rank(), dist.get_world_size()
     local = [lay.shard(t, r, n, layout).requires_grad_(True) for t in (q, k, v)]
-    ring = Ring()
-    out = ring_attention(*local, causal=causal, layout=layout, ring=ring, overlap=overlap)
+    probe = Probe(q.device, count=count)
+    out = ring_attention(*local, causal=causal, layout=layout, ring=probe.ring, overlap=overlap,
+                         kernel=probe.kernel)
+    probe.phase = "backward"
     out.backward(lay.shard(dout, r, n, layout))
-    diffs = {"out": max_diff(out.detach(), lay.shard(ref["out"], r, n, layout))}
-    for name, t in zip(("dq", "dk", "dv"), local):
-        diffs[name] = max_diff(t.grad, lay.shard(ref[name], r, n, layout))
+    return out.detach(), [t.grad for t in local], probe
+
+
+def one_case(q, k, v, dout, ref: dict, layout: str, causal: bool) -> dict:
+    """Ring attention on this rank's tokens vs its slice of ``ref``, and what it did."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    out, grads, probe = measured_run(q, k, v, dout, layout, causal, count=True)
+    diffs = {"out": max_diff(out, lay.shard(ref["out"], r, n, layout))}
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        diffs[name] = max_diff(g, lay.shard(ref[name], r, n, layout))
+    hops = {}
+    for e in probe.exchanges:
+        hops[(e["phase"], e["what"])] = hops.get((e["phase"], e["what"]), 0) + 1
     return {"layout": layout, "causal": causal, "diffs": diffs, "max_diff": max(diffs.values()),
-            "pairs": {ph: ring.pairs(ph) for ph in ("forward", "backward")},
-            "bytes": {ph: ring.bytes_sent(ph) for ph in ("forward", "backward")},
-            "exchanges": {(e["phase"], e["what"]): sum(1 for x in ring.events if (x["phase"], x["what"])
-                                                        == (e["phase"], e["what"])) for e in ring.events}}
+            "unmasked": {ph: probe.entries(ph, "unmasked") for ph in ("forward", "backward")},
+            "computed": {ph: probe.entries(ph, "computed") for ph in ("forward", "backward")},
+            "bytes": {ph: probe.bytes_sent(ph) for ph in ("forward", "backward")},
+            "exchanges": hops}
+
+
+def bf16_bytes(shape: Shape) -> dict:
+    """Bytes sent per phase and message kind by a zigzag causal ring on bf16 inputs."""
+    q, k, v, dout = inputs(shape, context().device, dtype=torch.bfloat16)
+    *_, probe = measured_run(q, k, v, dout, "zigzag", True)
+    return {(ph, what): probe.bytes_sent(ph, what) for ph, what in
+            (("forward", "kv"), ("backward", "kv"), ("backward", "dkv"))}
 
 
 def length_error(seq: int) -> str:
@@ -77,7 +101,13 @@ def length_error(seq: int) -> str:
     return ""
 
 
-def parity(shape: Shape = Shape(), seed: int = 0) -> dict:
+def say(text: str, verbose: bool) -> None:
+    """A progress line from rank 0 (streamed into the notebook by processes.spawn)."""
+    if verbose and dist.get_rank() == 0:
+        print(f"rank 0 of {dist.get_world_size()}: {text}", flush=True)
+
+
+def parity(shape: Shape = Shape(), seed: int = 0, verbose: bool = False) -> dict:
     """Every layout x causal on this rank; see the module docstring."""
     device = context().device
     q, k, v, dout = inputs(shape, device, seed)
@@ -85,6 +115,9 @@ def parity(shape: Shape = Shape(), seed: int = 0) -> dict:
     for causal in (True, False):
         ref = full_attention(q, k, v, dout, causal)
         for layout in lay.LAYOUTS:
+            t0 = clock(device)
             cases.append(one_case(q, k, v, dout, ref, layout, causal))
+            say(f"ring attention, {layout}, causal={causal}: max |diff| from full attention "
+                f"{cases[-1]['max_diff']:.1e} ({clock(device) - t0:.2f} s)", verbose)
     return {"rank": dist.get_rank(), "world": dist.get_world_size(), "device": device.type,
-            "cases": cases, "length_error": length_error(shape.seq + 2)}
+            "cases": cases, "bf16_bytes": bf16_bytes(shape), "length_error": length_error(shape.seq + 2)}

@@ -11,8 +11,9 @@ The sequence of T tokens is cut into equal chunks:
 A sequence length that does not divide is refused with a clear error (``check_length``), not
 padded: padding would need a key mask on top of the causal one in every attention call, and
 the lesson is the ring. Pad the batch to the next multiple before sharding (the message names
-it). The work of a rank is counted exactly from the chunks it scores (``work_per_rank``); the
-ring counts the same pairs as it computes them (``ring.RingAttention``).
+it). The work of a rank is counted exactly from the chunks it scores (``work_per_rank``); a
+wrapper around the block attention kernel counts, on the other side, the entries its mask left
+visible in the scores it computed (probes.py), and the notebook compares the two.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def chunks_per_rank(layout: str) -> int:
 def check_length(seq_len: int, world: int, layout: str) -> int:
     """The chunk size, or a ValueError that says which lengths work and how to pad."""
     parts = world * chunks_per_rank(layout)
+    if seq_len <= 0:
+        raise ValueError(f"sequence length {seq_len}: give a positive length, a multiple of {parts} "
+                         f"({chunks_per_rank(layout)} x world size {world}, {layout} layout)")
     if seq_len % parts:
         nxt = -(-seq_len // parts) * parts
         raise ValueError(f"sequence length {seq_len} is not a multiple of {parts} "

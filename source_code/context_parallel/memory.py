@@ -39,7 +39,16 @@ def _bytes(fn, exclude) -> int:
     return saved.bytes
 
 
+def check_width(dim: int, heads: int) -> None:
+    """A block's width must split evenly into its heads; a ValueError that names the fix."""
+    if heads <= 0 or dim <= 0 or dim % heads:
+        nearest = max(heads, 1) * max(1, round(dim / max(heads, 1)))
+        raise ValueError(f"model width {dim} does not split into {heads} heads: choose a positive width "
+                         f"that is a multiple of the heads (e.g. {nearest}), or heads that divide it")
+
+
 def _block(dim: int, heads: int, device):
+    check_width(dim, heads)
     torch.manual_seed(0)
     block = models.Block(dim, heads).to(device)
     return block, list(block.parameters())

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 
-def _scores(q, k, scale: float, diagonal: bool) -> torch.Tensor:
+def scores(q, k, scale: float, diagonal: bool) -> torch.Tensor:
+    """Scaled scores of q against this key chunk; -inf where a diagonal block's mask hides a key."""
     s = (q @ k.transpose(-2, -1)) * scale                      # (b, h, s_q, s_k)
     if diagonal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
@@ -25,14 +26,14 @@ def _scores(q, k, scale: float, diagonal: bool) -> torch.Tensor:
 
 def attend(q, k, v, scale: float, diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of q against this key chunk only."""
-    s = _scores(q, k, scale, diagonal)
+    s = scores(q, k, scale, diagonal)
     lse = torch.logsumexp(s, dim=-1)                           # (b, h, s_q)
     return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
 
 
 def attend_backward(q, k, v, out, lse, dout, scale: float, diagonal: bool):
     """(dq, dk, dv) contributions of this key chunk; ``out``/``lse`` are the final ones."""
-    p = torch.exp(_scores(q, k, scale, diagonal) - lse.unsqueeze(-1))   # true probabilities
+    p = torch.exp(scores(q, k, scale, diagonal) - lse.unsqueeze(-1))   # true probabilities
     dv = p.transpose(-2, -1) @ dout
     dp = dout @ v.transpose(-2, -1)
     delta = (dout * out).sum(-1, keepdim=True)                 # sum_j p_ij dp_ij, per query

@@ -6,16 +6,23 @@ Forward, on rank r of n (step s holds the K/V of rank (r - s) mod n):
     for step in range(n):
         post: send my current K/V block to rank r+1, receive the next from rank r-1
         for each of my query chunks, each chunk of the K/V block:      # 1 or 2 chunks (layout)
-            skip it if causal and the key chunk comes after the query chunk
+            the causal mask decides: skip it, or attend (masked or not)
             (out, lse) = attend(...)            # partial.py
             merge it into the running (out, lse) of that query chunk   # merge.py
         wait for the next block
 
 Backward passes K/V around the ring once more, and with it the gradients dK/dV of the block:
 each rank adds its contribution to the block's dK/dV and sends the sum on; after n hops the
-sum arrives at the block's owner. dQ stays local. Both directions overlap the transfer with
-the compute (``overlap=False`` waits for each transfer before computing, to measure what the
-overlap hides).
+sum arrives at the block's owner. dQ stays local. The dK/dV sums are kept and sent in fp32
+whatever the inputs' dtype (a bf16 sum of n contributions would lose digits at every hop), as
+torch's context_parallel and ring-flash-attention do; they are cast back at the end. Both
+directions overlap the transfer with the compute (``overlap=False`` waits for each transfer
+before computing, to measure what the overlap hides).
+
+``kernel`` is the block attention (a module or object with ``attend`` and
+``attend_backward``, partial.py by default); the harness passes a wrapper that times and
+counts it, and a ``Ring`` subclass that records the transfers (probes.py). Nothing here
+measures.
 
 Shapes: q, k, v, out (b, h, t/n, d) where t/n are this rank's tokens in layout order
 (layout.shard); lse (b, h, t/n).
@@ -23,27 +30,26 @@ Shapes: q, k, v, out (b, h, t/n, d) where t/n are this rank's tokens in layout o
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
+from source_code.context_parallel import partial
 from source_code.context_parallel.comm import Ring
-from source_code.context_parallel.layout import chunk_ids, pairs
+from source_code.context_parallel.layout import chunk_ids, chunks_per_rank
 from source_code.context_parallel.merge import merge
-from source_code.context_parallel.partial import attend, attend_backward
 
 
-def _blocks(rank: int, src: int, world: int, layout: str, causal: bool):
+def blocks(rank: int, src: int, world: int, layout: str, causal: bool):
     """(my query chunk i, source key chunk j, diagonal?) for the chunk pairs that are scored."""
     for i, cq in enumerate(chunk_ids(rank, world, layout)):
         for j, ck in enumerate(chunk_ids(src, world, layout)):
             if not (causal and ck > cq):
-                yield i, j, cq, ck, causal and ck == cq
+                yield i, j, causal and ck == cq
 
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, layout: str, ring: Ring, overlap: bool):
+    def forward(ctx, q, k, v, causal: bool, layout: str, ring: Ring, overlap: bool, kernel):
         r, n = ring.rank, ring.world
         nchunks = len(chunk_ids(r, n, layout))
         size, scale = q.shape[2] // nchunks, 1.0 / math.sqrt(q.shape[-1])
@@ -52,27 +58,23 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])                               # (2, b, h, t/n, d): one message
         for step in range(n):
             src = (r - step) % n
-            pending = ring.exchange(kv, "kv", "forward", step) if overlap and step < n - 1 else None
-            t0, done = time.perf_counter(), 0
+            pending = ring.exchange(kv, "kv") if overlap and step < n - 1 else None
             ks, vs = kv[0].split(size, dim=2), kv[1].split(size, dim=2)
-            for i, j, cq, ck, diagonal in _blocks(r, src, n, layout, causal):
-                out_ij, lse_ij = attend(qs[i], ks[j], vs[j], scale, diagonal)
+            for i, j, diagonal in blocks(r, src, n, layout, causal):
+                out_ij, lse_ij = kernel.attend(qs[i], ks[j], vs[j], scale, diagonal)
                 acc[i] = merge(*acc[i], out_ij, lse_ij)
-                done += pairs(size, cq, ck, causal)
-            ring.computes.append({"phase": "forward", "step": step, "start": t0,
-                                  "end": time.perf_counter(), "pairs": done})
             if step < n - 1:
-                kv = (pending or ring.exchange(kv, "kv", "forward", step)).wait()
+                kv = (pending or ring.exchange(kv, "kv")).wait()
         out = torch.cat([o for o, _ in acc], dim=2)
         lse = torch.cat([lse_i for _, lse_i in acc], dim=2)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.layout, ctx.ring, ctx.overlap = causal, layout, ring, overlap
+        ctx.causal, ctx.layout, ctx.ring, ctx.overlap, ctx.kernel = causal, layout, ring, overlap, kernel
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        ring, causal, layout, overlap = ctx.ring, ctx.causal, ctx.layout, ctx.overlap
+        ring, causal, layout, overlap, kernel = ctx.ring, ctx.causal, ctx.layout, ctx.overlap, ctx.kernel
         r, n = ring.rank, ring.world
         nchunks = len(chunk_ids(r, n, layout))
         size, scale = q.shape[2] // nchunks, 1.0 / math.sqrt(q.shape[-1])
@@ -83,32 +85,42 @@ class RingAttention(torch.autograd.Function):
         kv, incoming = torch.stack([k, v]), None
         for step in range(n):
             src = (r - step) % n
-            pending = ring.exchange(kv, "kv", "backward", step) if overlap and step < n - 1 else None
-            t0, done = time.perf_counter(), 0
+            pending = ring.exchange(kv, "kv") if overlap and step < n - 1 else None
             ks, vs = kv[0].split(size, 2), kv[1].split(size, 2)
-            part = torch.zeros_like(kv)                         # my share of dK/dV of src's block
+            part = torch.zeros_like(kv, dtype=torch.float32)    # my share of dK/dV of src's block
             dks, dvs = part[0].split(size, 2), part[1].split(size, 2)
-            for i, j, cq, ck, diagonal in _blocks(r, src, n, layout, causal):
-                dq_ij, dk_ij, dv_ij = attend_backward(qs[i], ks[j], vs[j], outs[i], lses[i],
-                                                      douts[i], scale, diagonal)
+            for i, j, diagonal in blocks(r, src, n, layout, causal):
+                dq_ij, dk_ij, dv_ij = kernel.attend_backward(qs[i], ks[j], vs[j], outs[i], lses[i],
+                                                             douts[i], scale, diagonal)
                 dqs[i].add_(dq_ij)
                 dks[j].add_(dk_ij)
                 dvs[j].add_(dv_ij)
-                done += pairs(size, cq, ck, causal)
-            ring.computes.append({"phase": "backward", "step": step, "start": t0,
-                                  "end": time.perf_counter(), "pairs": done})
             dkv = part if incoming is None else incoming.wait() + part   # the block's sum so far
             if n > 1:
-                incoming = ring.exchange(dkv, "dkv", "backward", step)   # on to the next rank
+                incoming = ring.exchange(dkv, "dkv")                     # on to the next rank
                 if not overlap:
                     incoming.wait()
             if step < n - 1:
-                kv = (pending or ring.exchange(kv, "kv", "backward", step)).wait()
-        dkv = incoming.wait() if n > 1 else dkv                 # after n hops: my own block's sum
-        return dq, dkv[0], dkv[1], None, None, None, None
+                kv = (pending or ring.exchange(kv, "kv")).wait()
+        dkv = (incoming.wait() if n > 1 else dkv).to(k.dtype)   # after n hops: my own block's sum
+        return dq, dkv[0], dkv[1], None, None, None, None, None
 
 
 def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ring: Ring | None = None,
-                   overlap: bool = True) -> torch.Tensor:
-    """Attention of this rank's queries over the whole sequence; q, k, v (b, h, t/n, d)."""
-    return RingAttention.apply(q, k, v, causal, layout, ring or Ring(), overlap)
+                   overlap: bool = True, kernel=partial) -> torch.Tensor:
+    """Attention of this rank's queries over the whole sequence; q, k, v (b, h, t/n, d).
+
+    Refuses what it cannot compute: local lengths that differ (every rank's block must have
+    the same shape to travel), and under the zigzag layout an odd local length (a rank holds
+    a head chunk and a tail chunk of equal length)."""
+    if not (q.dim() == 4 and q.shape == k.shape == v.shape):
+        raise ValueError(f"ring_attention: q, k, v must have one shape (b, h, t/n, d), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: shard all three with "
+                         "layout.shard (grouped K/V heads: repeat them to q's heads first)")
+    per = chunks_per_rank(layout)
+    if q.shape[2] % per or q.shape[2] == 0:
+        raise ValueError(f"ring_attention: this rank holds {q.shape[2]} tokens; the {layout} layout "
+                         f"needs a positive multiple of {per} ({per} chunks of equal length): pad the "
+                         f"sequence to a multiple of {per} x world size (layout.check_length) and "
+                         "shard it with layout.shard")
+    return RingAttention.apply(q, k, v, causal, layout, ring or Ring(), overlap, kernel)
