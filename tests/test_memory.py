@@ -73,6 +73,15 @@ def test_megatron_counted_matches_the_calculator(dp):
     assert b["loss_dtype"] == "torch.float32"
 
 
+def test_calculator_refuses_what_it_cannot_size():
+    with pytest.raises(ValueError, match="not divisible by heads"):
+        calculator.training_memory(1000, 2, 30, 4, 32, 1, 16)
+    with pytest.raises(ValueError, match="positive integer"):
+        calculator.training_memory(1000, 2, 32, 4, 32, 0, 16)
+    with pytest.raises(ValueError, match="unknown precision"):
+        calculator.training_memory(1000, 2, 32, 4, 32, 1, 16, precision="bf17")
+
+
 def test_precisions_name_their_bookkeeping():
     for name in ("bf16", "bf16-megatron", "bf16-fsdp2"):
         assert name in PRECISIONS and PRECISIONS[name].accounting     # the planner offers each

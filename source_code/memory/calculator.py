@@ -152,6 +152,11 @@ def training_memory(n_params, layers: int, hidden: int, heads: int, vocab: int, 
     plus one block recomputed in full during its backward. ``loss_bytes``: bytes of a value of
     the log-softmax over the vocabulary (4: the loss computed in fp32; the planner assumes the
     activations' width). ``device``: "cuda" keeps LayerNorm statistics in fp32 in 16-bit modes."""
+    if min(layers, hidden, heads, vocab, batch, seq, dp) < 1 or layers != int(layers):
+        raise ValueError(f"layers={layers}, hidden={hidden}, heads={heads}, vocab={vocab}, batch={batch}, "
+                         f"seq={seq}, dp={dp}: every size must be a positive integer")
+    if hidden % heads:
+        raise ValueError(f"hidden {hidden} is not divisible by heads {heads}; choose a multiple of the heads")
     prec = as_precision(precision)
     out = dict(state_bytes(n_params, dp, zero, prec, step_bytes))
     out.pop("total")
