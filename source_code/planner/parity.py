@@ -56,7 +56,10 @@ def max_abs_diff(stage: int, micro_batches: int = 2, steps: int = 2) -> float:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tol", type=float, default=1e-6)
+    # fp32 rounding: the micro-batch sums and the reduce-scatter add in another order than one
+    # process does, and Adam's first steps (m / sqrt(v), lr 3e-3) pass a rounding-level
+    # gradient difference on at up to ~1e-6 of a weight; 1.4e-6 seen on one CPU's kernels
+    p.add_argument("--tol", type=float, default=5e-6)
     args = p.parse_args(argv)
     from source_code.processes import spawn
     worst = {z: max(spawn(max_abs_diff, 2, z, device="cpu")) for z in (1, 2)}
