@@ -38,6 +38,16 @@ def test_reference_solutions_are_collapsed(path):
     assert not shown, f"cells {shown} show a reference solution: collapse source and output"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_reference_solutions_print_nothing(path):
+    """Restart-and-Run-All in JupyterLab shows a collapsed cell's new output: a reference cell
+    that prints (its source, its answer, the check's verdict) puts the answer on screen right
+    under the exercise. It only asserts; the stored run shows what it prints: nothing."""
+    loud = [i for i, c in enumerate(cells(path)) if c["cell_type"] == "code"
+            and "from source_code.solutions" in text(c) and c.get("outputs")]
+    assert not loud, f"{path.name}: reference-solution cells {loud} print; assert instead"
+
+
 TIME_COMMENT = re.compile(r"# about (\d+(?:\.\d+)?) s on 2 CPU cores\b")
 
 
