@@ -21,6 +21,7 @@ EXPECTED = {
     "nccl_multi": 2, "main_job_multi": 2, "ring": 3, "ddp_compare": 2, "zero_multi": 2,
     "sharding_reshard": 2, "pipeline_own": 2, "pipeline_lib": 2, "tp_own": 2, "tp_dtensor": 2,
     "tp_compare": 2, "hang": 2, "mesh_2d": 4, "context_parallel": 2, "expert_parallel": 2,
+    "moe_bench": 2, "evaluation": 2,
 }
 LINE = re.compile(r"^(\S+)\s+(\d+) (gpus?)\s+(.+)$")
 RESULT = re.compile(r"^(\S+)\s+[\d.]+s  (ok|FAIL|skipped): (.*)$")

@@ -160,7 +160,7 @@ def skew(biases=(None, 0.0, 1.0, 2.0, 4.0), tokens: int = 8192, dim: int = 256, 
 
 def report(reps: int = 7, tokens: int = 8192, dim: int = 256, n_experts: int = 8, k: int = 2) -> dict:
     """Both measurements in one run (call on every rank)."""
-    return {"collectives": collectives(reps=reps),
+    return {"collectives": collectives(reps=reps), "device": str(context().device),
             "skew": skew(tokens=tokens, dim=dim, n_experts=n_experts, k=k, reps=max(reps - 2, 1))}
 
 
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
         print(f"dispatch, {name}: most received {max(row['received']) / 2**20:.2f} MiB, "
               f"{1e3 * row['seconds']:.1f} ms ({row['seconds'] / even:.2f}x even)")
     ratio = coll["median"]["all_to_all"][big] / coll["median"]["all_gather"][big]
-    print(f"summary: world_size={args.world} a2a_over_allgather={ratio:.3f} "
+    print(f"summary: world_size={args.world} device={r['device']} a2a_over_allgather={ratio:.3f} "
           f"skew_time_ratio={r['skew'][-1]['seconds'] / even:.3f}")
     return 0
 

@@ -1,4 +1,5 @@
-"""The checks of context parallelism (notebook 13) and expert parallelism (notebook 14): 2+ GPUs.
+"""The checks of context parallelism (notebook 13), expert parallelism (notebook 14) and sharded
+validation (notebook 05): 2+ GPUs.
 
 Both scripts start their own processes (processes.spawn) and compare with one process; here
 they run with ``--device auto`` (one GPU per process where there are enough, the device
@@ -33,9 +34,31 @@ def expert_parallel(env: Env, check: Check) -> str:
             f"(tolerance {s['tol']:g}), balancing loss effect {s['balance_loss_effect']:.3f}")
 
 
+def moe_bench(env: Env, check: Check) -> str:
+    out = env.launch(check)
+    where = computed_on(out, env, "expert_parallel.bench")
+    s = parse_records(out, "summary")[-1]
+    assert s["world_size"] == 2 and s["a2a_over_allgather"] > 0 and s["skew_time_ratio"] > 0, s
+    return (f"all-to-all beside all-gather on {where}: time ratio {s['a2a_over_allgather']:.2f}, "
+            f"skewed dispatch {s['skew_time_ratio']:.2f}x the even one")
+
+
+def evaluation(env: Env, check: Check) -> str:
+    out = env.launch(check)
+    where = computed_on(out, env, "training.evaluation")
+    s = parse_records(out, "summary")[-1]
+    assert s["sharded_error"] == 0, s   # integer counts summed then divided: exact
+    return f"validation sharded over {s['world_size']} ranks on {where}: exact against rank 0 alone"
+
+
 CHECKS = [
     Check("context_parallel", 2, (Run("python", "source_code.context_parallel.compare",
                                       ("--worlds", "2", "--device", "auto")),), context_parallel),
     Check("expert_parallel", 2, (Run("python", "source_code.expert_parallel.compare",
                                      ("--device", "auto")),), expert_parallel),
+    Check("moe_bench", 2, (Run("python", "source_code.expert_parallel.bench",
+                               ("--world", "2", "--reps", "3", "--tokens", "2048", "--device", "auto")),),
+          moe_bench),
+    Check("evaluation", 2, (Run("torchrun", "source_code.training.evaluation", ("--samples", "359"),
+                                nproc=2),), evaluation),
 ]

@@ -94,7 +94,8 @@ def compare(n_samples: int = 359, epochs: int = 1, seed: int = 0) -> dict:
     return {"reference": correct / seen, "sharded": evaluate_sharded(model, test, ctx.device),
             "mean_of_ranks": mean_of_rank_accuracies(model, test, ctx.device),
             "padded": padded, "padded_samples": padded_n, "dropped": dropped,
-            "dropped_samples": dropped_n, "samples": seen, "world_size": ctx.world_size}
+            "dropped_samples": dropped_n, "samples": seen, "world_size": ctx.world_size,
+            "device": str(ctx.device)}
 
 
 def main(argv=None):
@@ -113,7 +114,7 @@ def main(argv=None):
         print0(f"mean of the ranks' accuracies: {r['mean_of_ranks']:.6f}")
         print0(f"DistributedSampler, padded: {r['padded']:.6f} over {r['padded_samples']} samples")
         print0(f"DistributedSampler, drop_last: {r['dropped']:.6f} over {r['dropped_samples']} samples")
-        print0(f"summary: world_size={r['world_size']} samples={r['samples']} "
+        print0(f"summary: world_size={r['world_size']} device={r['device']} samples={r['samples']} "
                f"sharded_error={abs(r['sharded'] - r['reference']):.1e} "
                f"mean_of_ranks_error={abs(r['mean_of_ranks'] - r['reference']):.1e}")
     return 0
