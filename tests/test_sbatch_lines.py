@@ -1,5 +1,6 @@
 """Every `sbatch ...` line that a notebook or the README prints is submitted to the local Slurm
-cluster and must run.
+cluster and must run (all submitted at once, then each job's end read: the two nodes run two
+one-node jobs side by side).
 
 The lines are collected from the files themselves (markdown and code cells of every notebook,
 the README), so a line added, changed or mistyped there is what runs here. Each is submitted as
@@ -13,8 +14,10 @@ WORKSHOP_DATA points at a course directory with MNIST and WikiText-2 in their re
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import dataset_files  # noqa: E402
 
-from source_code.launch import site_profiles  # noqa: E402
+from source_code.launch import jobs, site_profiles  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,17 +125,45 @@ def test_the_notebooks_print_sbatch_lines():
     assert any(w.startswith("README") for w in LINES.values())
 
 
+@pytest.fixture(scope="module")
+def submitted(cluster, course_data, tmp_path_factory) -> dict:
+    """Every line submitted at once, as a class of participants would: Slurm runs them as its two
+    nodes free up (two one-node jobs side by side), and each test reads its job's end.
+    {command: (job id or None, sbatch's refusal, scratch directory)}."""
+    out = {}
+    base = tmp_path_factory.mktemp("sbatch-lines")
+    for i, cmd in enumerate(LINES):
+        scratch = base / f"line{i:02d}"
+        scratch.mkdir()
+        env, options, script, args = local_form(cmd, scratch)
+        full_env = {**os.environ, "WORKSHOP_SITE": "local", "WORKSHOP_DATA": str(course_data), **env}
+        try:
+            job_id = jobs.sbatch(script, *args, env=full_env, cwd=ROOT,
+                                 sbatch_args=["-o", f"{scratch}/%x-%j.out", *options])
+            out[cmd] = (job_id, "", scratch)
+        except subprocess.CalledProcessError as err:
+            out[cmd] = (None, f"{err.stdout}{err.stderr}", scratch)
+    yield out
+    left = [job_id for job_id, _, _ in out.values() if job_id]
+    subprocess.run(["scancel", *left], capture_output=True)
+
+
 @pytest.mark.parametrize("cmd", list(LINES), ids=[f"{w}: {c[:60]}" for c, w in LINES.items()])
-def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submit, tmp_path, course_data):
-    env, options, script, args = local_form(cmd, tmp_path)
-    env = {"WORKSHOP_DATA": str(course_data), **env}
-    assert Path(script).is_file(), f"{LINES[cmd]} prints a script that does not exist: {cmd}"
-    job = submit(script, *args, env=env, sbatch_args=options, timeout=300)
-    refusal = next((line for flag, line in NEEDS_GPU.items() if flag in shlex.split(cmd)), None)
+def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
+    job_id, refused, scratch = submitted[cmd]
+    assert job_id, f"{LINES[cmd]}: sbatch refused `{cmd}`: {refused}"
+    info = jobs.wait(job_id, timeout=900)  # queued behind the lines before it, then run
+    out = Path(info.get("StdOut", ""))
+    job = jobs.Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"),
+                   out.read_text() if out.is_file() else "", 0.0)
+    print(f"job {job.id}: {job.state}\n{job.output[-3000:]}")
+    words = [w for token in shlex.split(cmd) for w in token.split()]   # --wrap "..." too
+    refusal = next((line for flag, line in NEEDS_GPU.items() if flag in words), None)
     if refusal:  # stopped before any work, in one line that says why
         assert not job.ok and refusal in job.output and "Traceback" not in job.output, job.output[-3000:]
         return
     assert job.ok, f"{LINES[cmd]}: `{cmd}` ended {job.state}\n{job.output[-3000:]}"
+    env = local_form(cmd, scratch)[0]
     if "TRAIN_MODULE" in env:
         assert f"-m {env['TRAIN_MODULE']}" in job.output, job.output[-3000:]
     for key, needles in EXPECT.items():
