@@ -46,6 +46,7 @@ def make_module(args):
             x, y = batch
             loss = F.cross_entropy(self.model(x), y)
             self.losses.append(loss.item())
+            self.trained_on = self.device  # after fit, Lightning moves a DDP model back to the CPU
             return loss  # Lightning calls zero_grad, backward (gradients averaged) and step
 
         def configure_optimizers(self):
@@ -85,13 +86,15 @@ def train(args, job) -> dict:
     steps = trainer.global_step
     per_epoch = max(len(module.losses) // args.epochs, 1)
     loss = all_reduce_mean(sum(module.losses[-per_epoch:]) / per_epoch)
-    # every rank evaluates: a sharded model's forward all-gathers its parameters
-    accuracy = loop.evaluate(module.model, test_loader, module.device)
+    # every rank evaluates where it trained: a sharded model's forward all-gathers its parameters
+    device = module.trained_on
+    module.model.to(device)  # Lightning's DDP teardown left it on the CPU; no-op for sharded ones
+    accuracy = loop.evaluate(module.model, test_loader, device)
     if args.save_weights:
         state = common.full_state_dict(module.model)
         if job.rank == 0:
             torch.save(state, args.save_weights)
-    print0(common.summary(job.world_size, args.epochs, accuracy, seconds, steps, loss, module.device))
+    print0(common.summary(job.world_size, args.epochs, accuracy, seconds, steps, loss, device))
     return {"accuracy": accuracy}
 
 
