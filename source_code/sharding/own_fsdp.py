@@ -1,0 +1,175 @@
+"""FSDP (ZeRO-3) built by hand: parameters that exist only as shards until a unit needs them.
+
+    torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report  # checks it
+
+ZeRO-2 (zero.py) shards the optimizer state and the gradients; every rank still keeps the
+whole model. ZeRO-3 shards the parameters too. The model is cut into **units**; here one unit
+per module that owns the big matrices: the token embedding, the position embedding, each
+transformer block, the LM head (one unit per block, as ``fully_shard`` per block; the
+embeddings and the head apart, so no unit stays gathered for the whole forward as
+``fully_shard``'s root group does). A unit's parameters are flattened into one vector,
+padded to a multiple of N and cut into N chunks (comm.py); rank r keeps chunk r only:
+
+    unit's parameters   wq | wk | wv | wo | up.w | up.b | down.w | down.b | pad
+    flat, padded        (N * c,)   rank r's shard: (c,) = flat[r*c : (r+1)*c]
+
+A step, per unit:
+
+* forward pre-hook:  all-gather the shards into the unit's full buffer (N * c,) and make each
+  parameter a view of it, so the module computes as if nothing happened;
+* forward post-hook: free the full buffer (its storage shrinks to 0 bytes: the views and what
+  autograd saved for backward point at that storage and see nothing until it is refilled);
+* backward, before the unit's own backward (a hook on the unit's output gradient): all-gather
+  again into the same storage, so what autograd saved reads the parameters again;
+* when the full buffer's gradient is complete (post-accumulate-grad hook): reduce-scatter it,
+  keep this rank's (c,) chunk of the mean as the shard's gradient, free the full gradient and
+  the full buffer;
+* the optimizer (any torch optimizer) steps on the shards only: AdamW's state is (c,) a unit.
+
+Not sharded: the LayerNorm weights and biases (norm1, norm2 of every block, the final norm).
+They stay whole on every rank, as DDP keeps them, and their gradients are all-reduced
+(averaged) as soon as each is ready; they are 2 x dim numbers each, under 1 % of the model.
+
+``full_state_dict`` gathers every unit's shards into full tensors under the model's own
+parameter names, for saving or comparing.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from source_code.sharding import comm
+
+REPLICATED = (nn.LayerNorm,)   # modules whose parameters stay whole on every rank
+
+
+def free_storage(t: torch.Tensor) -> None:
+    """Release ``t``'s memory but keep the tensor (and every view of it) alive: 0 bytes."""
+    t.untyped_storage().resize_(0)
+
+
+def alloc_storage(t: torch.Tensor) -> None:
+    """Give ``t`` back memory for all of its elements (contents undefined until filled)."""
+    t.untyped_storage().resize_(t.numel() * t.element_size())
+
+
+class Unit:
+    """One sharded unit: ``module``'s parameters (those outside REPLICATED submodules) as a flat
+    padded shard ``self.shard`` (c,), a full buffer ``self.full`` (N * c,) that holds memory only
+    while the unit computes, and the hooks that gather, free and reduce-scatter."""
+
+    def __init__(self, name: str, module: nn.Module, world: int, rank: int):
+        self.name, self.module, self.world, self.rank = name, module, world, rank
+        self.slots = []            # (owner module, attribute, qualified name, shape, offset)
+        flats, offset = [], 0
+        for owner_name, owner in module.named_modules():
+            if isinstance(owner, REPLICATED):
+                continue
+            for attr, p in list(owner.named_parameters(recurse=False)):
+                qual = ".".join(x for x in (name, owner_name, attr) if x)
+                self.slots.append((owner, attr, qual, p.shape, offset))
+                flats.append(p.detach().reshape(-1))
+                offset += p.numel()
+                del owner._parameters[attr]             # the module no longer owns it
+        if not flats:
+            raise ValueError(f"unit {name!r} has no parameters to shard; choose a module with "
+                             "Linear or Embedding weights")
+        self.numel = offset                                    # real elements, no padding
+        flat = comm.padded(torch.cat(flats), world)            # (N * c,)
+        c = flat.numel() // world
+        self.shard = nn.Parameter(flat[rank * c:(rank + 1) * c].clone())  # (c,) the only copy
+        module.register_parameter("flat_shard", self.shard)    # model.parameters() sees it
+        # (N * c,) leaf: the views' gradients add up in full.grad; memory only while in use
+        self.full = torch.empty(flat.numel(), dtype=flat.dtype, device=flat.device,
+                                requires_grad=True)
+        free_storage(self.full)
+        del flat, flats
+        self.hooks = [module.register_forward_pre_hook(lambda m, args: self.unshard()),
+                      module.register_forward_hook(lambda m, args, out: self.after_forward(out)),
+                      self.full.register_post_accumulate_grad_hook(lambda full: self.reduce_grad())]
+
+    # ------------------------------------------------------------------ the algorithm
+    def gather(self) -> None:
+        """All-gather every rank's shard into the full buffer's storage."""
+        alloc_storage(self.full)
+        # .data: the same storage, but writing it does not bump the version autograd checks
+        # for the tensors it saved (they point at this storage and must read the new values)
+        dist.all_gather_into_tensor(self.full.data, self.shard.detach())
+
+    def unshard(self) -> None:
+        """Forward pre-hook: gather, then each parameter becomes a view of the full buffer."""
+        self.gather()
+        for owner, attr, _, shape, offset in self.slots:
+            n = shape.numel()
+            setattr(owner, attr, self.full[offset:offset + n].view(shape))  # tracked by autograd
+
+    def after_forward(self, out):
+        """Forward post-hook: free the full parameters; gather them again in backward."""
+        free_storage(self.full)
+        if torch.is_tensor(out) and out.requires_grad:
+            out.register_hook(lambda grad: self.gather())   # before this unit's backward
+        return out
+
+    def reduce_grad(self) -> None:
+        """The full gradient is complete: reduce-scatter it, keep my chunk, free the rest."""
+        mine = comm.reduce_scatter_mean(self.full.grad)      # (c,) my chunk of the mean
+        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
+        self.full.grad = None
+        free_storage(self.full)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def gathered_bytes(self) -> int:
+        """Bytes the full buffer holds now: N * c * element size while gathered, else 0."""
+        return self.full.untyped_storage().nbytes()
+
+    @torch.no_grad()
+    def full_tensors(self) -> dict:
+        """{qualified name: full tensor}, gathered from the shards (collective: every rank)."""
+        out = self.shard.new_empty(self.shard.numel() * self.world)   # (N * c,)
+        dist.all_gather_into_tensor(out, self.shard.detach())
+        return {qual: out[offset:offset + shape.numel()].view(shape).clone()
+                for _, _, qual, shape, offset in self.slots}
+
+
+def default_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The units of a TransformerLM: tok, pos, every block, head (named as in the model)."""
+    return ([("tok", model.tok), ("pos", model.pos)]
+            + [(f"layers.{i}", block) for i, block in enumerate(model.layers)]
+            + [("head", model.head)])
+
+
+def average_gradient_hook(p: torch.Tensor) -> None:
+    """Post-accumulate-grad hook of a replicated parameter: all-reduce its gradient (mean)."""
+    comm.all_reduce_mean_(p.grad)
+
+
+def shard_by_hand(model: nn.Module, units=None) -> list[Unit]:
+    """Shard ``model`` in place (ZeRO-3): one Unit per (name, module) of ``units`` (default:
+    ``default_units``); every parameter left outside them is replicated and its gradient
+    all-reduced. Build the optimizer afterwards, on ``model.parameters()``."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    made = [Unit(name, module, world, rank) for name, module in (units or default_units(model))]
+    sharded = {id(u.shard) for u in made}
+    for p in model.parameters():
+        if id(p) not in sharded and p.requires_grad:
+            p.register_post_accumulate_grad_hook(average_gradient_hook)
+    model.own_fsdp_units = made
+    return made
+
+
+def replicated_names(model: nn.Module) -> list[str]:
+    """Names of the parameters every rank keeps whole (all but the units' shards)."""
+    shards = {id(u.shard) for u in model.own_fsdp_units}
+    return [n for n, p in model.named_parameters() if id(p) not in shards]
+
+
+@torch.no_grad()
+def full_state_dict(model: nn.Module) -> dict:
+    """{name: full tensor} with the original model's names (collective: call on every rank)."""
+    out = {}
+    for unit in model.own_fsdp_units:
+        out.update(unit.full_tensors())
+    for name in replicated_names(model):
+        out[name] = model.get_parameter(name).detach().clone()
+    return out
