@@ -135,15 +135,17 @@ def test_code_lines_skip_comments_blank_lines_and_docstrings():
 
 @pytest.mark.parametrize("env, message", [
     ({"FRAMEWORK": "horovod"}, "use lightning, accelerate or deepspeed"),
-    ({"FRAMEWORK": "deepspeed", "LAUNCHER": "srun"}, "LAUNCHER=srun is for Lightning"),
-    ({"FRAMEWORK": "lightning", "LAUNCHER": "mpirun"}, "use torchrun or srun"),
+    ({"FRAMEWORK": "deepspeed", "LAUNCHER": "srun"}, "which srun does not set: run it with LAUNCHER=torchrun"),
+    ({"FRAMEWORK": "accelerate", "LAUNCHER": "srun"}, "LAUNCHER=torchrun (or LAUNCHER=accelerate)"),
+    ({"FRAMEWORK": "deepspeed", "LAUNCHER": "accelerate"}, "starts Accelerate's own launcher"),
+    ({"FRAMEWORK": "lightning", "LAUNCHER": "mpirun"}, "use torchrun, srun (Lightning) or accelerate"),
 ])
 def test_slurm_script_refuses_unknown_choices_before_anything_starts(root, env, message):
     import os
     import subprocess
     res = subprocess.run(["bash", str(root / "slurm" / "frameworks_train.slurm")], cwd=root,
                          env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
-    assert res.returncode == 2 and message in res.stderr
+    assert res.returncode == 2 and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
 
 
 @pytest.mark.parity

@@ -1,0 +1,92 @@
+"""`srun bash -c "... $SLURM_PROCID ..."`: who expands the variable, the batch shell or each task?
+
+    python -m source_code.launch.srun_quoting 'srun bash -c "echo rank $SLURM_PROCID"' --tasks-per-node 3
+
+A job script runs in one shell on the first node, where Slurm has set ``SLURM_PROCID=0`` (the
+batch step is task 0). That shell expands ``$SLURM_PROCID`` inside double quotes *before* srun
+starts the tasks, so every task receives the text ``echo rank 0``. Escaped (``\\$SLURM_PROCID``)
+or in single quotes, the variable reaches each task's own ``bash -c`` and is expanded there, with
+that task's value.
+
+``in_job_script(line, tasks)`` runs ``line`` through a real bash, as a batch script would, with
+``srun`` replaced by a function that starts its command once per task with that task's
+``SLURM_PROCID``, ``SLURM_LOCALID`` and ``SLURM_NODEID``, one after the other: the quoting is bash's own, only the
+scheduler is pretended. ``on_cluster(line, tasks)`` runs the same line in a real job.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from source_code.cli import positive_int
+from source_code.errors import LaunchError, run_main
+
+# srun's options that take a separate value (the others are --flag or --option=value)
+_WITH_VALUE = {"-n", "--ntasks", "-N", "--nodes", "-c", "--cpus-per-task", "-o", "--output",
+               "-J", "--job-name", "--jobid"}
+PRETEND_SRUN = r"""
+srun() {
+    local per_node=$TASKS_PER_NODE
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --ntasks-per-node) per_node=$2; shift 2 ;;
+            --ntasks-per-node=*) per_node=${1#--ntasks-per-node=}; shift ;;
+            %s) shift 2 ;;
+            -*) shift ;;
+            *) break ;;
+        esac
+    done
+    local i tasks=$((SLURM_NNODES * per_node))
+    for ((i = 0; i < tasks; i++)); do
+        ( export SLURM_PROCID=$i SLURM_LOCALID=$((i %% per_node)) SLURM_NODEID=$((i / per_node)) \
+                 SLURMD_NODENAME=n$((i / per_node + 1)) SLURM_STEP_NUM_TASKS=$tasks; "$@" ) || return $?
+    done
+}
+""" % "|".join(sorted(_WITH_VALUE))
+
+
+def in_job_script(line: str, nodes: int = 1, tasks_per_node: int = 2) -> list[str]:
+    """The lines ``line`` prints when the batch script of a job of ``nodes`` nodes with
+    ``tasks_per_node`` tasks on each runs it (srun's own --ntasks-per-node is honoured)."""
+    if nodes < 1 or tasks_per_node < 1:
+        raise LaunchError(f"error: nodes={nodes}, tasks_per_node={tasks_per_node}; both at least 1")
+    script = (PRETEND_SRUN + f"export TASKS_PER_NODE={tasks_per_node} SLURM_NNODES={nodes} "
+              f"SLURM_JOB_NUM_NODES={nodes} SLURM_NTASKS={nodes * tasks_per_node} SLURM_PROCID=0 "
+              f"SLURM_NODEID=0 SLURM_LOCALID=0 SLURMD_NODENAME=n1 SLURM_JOB_ID=4242\n{line}\n")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        last = re.sub(r"^bash: (-c: )?(line \d+: )?", "", last)
+        raise LaunchError(f"error: the line failed in bash ({last}); check its quotes")
+    return done.stdout.splitlines()
+
+
+def on_cluster(line: str, nodes: int = 1, tasks_per_node: int = 2, timeout: float = 120) -> list[str]:
+    """The same line in a real batch job on the local cluster (jobs.py)."""
+    from source_code.launch import jobs
+    with tempfile.TemporaryDirectory(prefix="srun-quoting-") as tmp:
+        script = Path(tmp) / "line.sh"
+        script.write_text(f"#!/bin/bash\n{line}\n")
+        job_id = jobs.sbatch(str(script), sbatch_args=[f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
+                                                       "-o", f"{tmp}/%j.out"])
+        info = jobs.wait(job_id, timeout=timeout)
+        out = Path(info.get("StdOut", ""))
+        return out.read_text().splitlines() if out.is_file() else []
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("line", help="a job-script line, e.g. 'srun bash -c \"echo $SLURM_PROCID\"'")
+    p.add_argument("--nodes", type=positive_int, default=1)
+    p.add_argument("--tasks-per-node", type=positive_int, default=2)
+    args = p.parse_args(argv)
+    printed = in_job_script(args.line, args.nodes, args.tasks_per_node)
+    print(f"$ {args.line}    # in the job script of {args.nodes} node(s) x {args.tasks_per_node} task(s)")
+    print("\n".join(printed))
+
+
+if __name__ == "__main__":
+    run_main(main)

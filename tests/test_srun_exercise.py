@@ -1,0 +1,58 @@
+"""Notebook 06's srun exercise: the reference passes, the typical wrong lines get their one line,
+and the quoting lesson's bash runs what a batch script would (no cluster needed: srun pretended)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from source_code.launch.srun_exercise import check_srun_line, problem
+from source_code.launch.srun_quoting import in_job_script
+from source_code.solutions.nb06_srun import LINE
+
+WRONG = {
+    # read by the batch shell: every node gets node rank 0
+    'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES"':
+        "every task printed --node-rank=0",
+    # one task per slot of the job, not one per node
+    r'srun bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"': "tasks started on",
+    # no shell in the task: the variable arrives as text
+    r"srun --ntasks-per-node=1 echo torchrun --node-rank='$SLURM_NODEID' --nnodes='$SLURM_NNODES'":
+        "no shell there expanded it",
+    # the node count typed in: right on 2 nodes only
+    r'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=2"':
+        "on 3 nodes the tasks printed --nnodes=2",
+    # no srun: the batch script's one shell
+    "echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES": "does not start anything with srun",
+    # a quote left open
+    'srun --ntasks-per-node=1 bash -c "echo torchrun': "check its quotes",
+}
+
+
+def test_reference_and_its_single_quoted_form_pass(capsys):
+    assert problem(LINE) == ""
+    single = "srun --ntasks-per-node=1 bash -c 'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'"
+    assert problem(single) == ""
+    check_srun_line(LINE)
+    assert capsys.readouterr().out.startswith("right:")
+
+
+@pytest.mark.parametrize("line", list(WRONG))
+def test_wrong_lines_get_one_line_that_says_what_went_wrong(line, capsys):
+    assert WRONG[line] in problem(line)
+    check_srun_line(line)
+    out = capsys.readouterr().out
+    assert out.startswith("not yet:") and out.count("\n") == 1 and "Traceback" not in out
+
+
+def test_the_batch_shell_expands_double_quotes_before_the_tasks_start():
+    assert in_job_script('srun bash -c "echo $SLURM_PROCID"', 1, 3) == ["0", "0", "0"]
+    assert in_job_script(r'srun bash -c "echo \$SLURM_PROCID \$SLURM_LOCALID"', 2, 2) == \
+        ["0 0", "1 1", "2 0", "3 1"]
+
+
+def test_the_command_line_refuses_bad_sizes_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "source_code.launch.srun_quoting", "echo", "--nodes", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "not a positive integer" in done.stderr and "Traceback" not in done.stderr
