@@ -38,9 +38,11 @@ def fsdp_tp(path, lr: float, dp: int = 2, tp: int = 2) -> Runner:
     return Runner(step, lambda: full_weights(model))
 
 
-def dp_cp(path, lr: float, dp: int = 2, cp: int = 2) -> Runner:
+def dp_cp(path, lr: float, dp: int = 2, cp: int = 2, sync=None) -> Runner:
+    """``sync(model, dp_group, cp_group)`` replaces the gradient sums (notebook 19's exercise)."""
     mesh = mesh_2d(("dp", "cp"), (dp, cp))
-    return context_parallel(path, lr, mesh["cp"].get_group(), mesh["dp"].get_local_rank(), dp)
+    return context_parallel(path, lr, mesh["cp"].get_group(), mesh["dp"].get_local_rank(), dp,
+                            mesh["dp"].get_group(), sync)
 
 
 def ep_dp(path, lr: float, dp: int = 2) -> Runner:

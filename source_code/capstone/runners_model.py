@@ -108,9 +108,10 @@ def pipeline(path, lr: float, schedule: str, ranks=None, group=None, dp_group=No
     return Runner(step, lambda: dict(zip(stage.source_names, (q.detach().clone() for q in stage.parameters()))))
 
 
-def context_parallel(path, lr: float, cp_group=None, dp_index: int = 0, dp: int = 1) -> Runner:
+def context_parallel(path, lr: float, cp_group=None, dp_index: int = 0, dp: int = 1,
+                     dp_group=None, sync=None) -> Runner:
     """Ring attention over ``cp_group`` (default: all ranks); gradients summed over ALL ranks
-    (the cp group's tokens and the dp group's samples)."""
+    (the cp group's tokens and the dp group's samples), or by ``sync(model, dp_group, cp_group)``."""
     ring = Ring(cp_group)
     model = seed.load_seed(path)
     opt = make_optimizer(model.parameters(), lr)
@@ -119,7 +120,10 @@ def context_parallel(path, lr: float, cp_group=None, dp_index: int = 0, dp: int 
         xs, ys = piece((x, y), dp_index, dp)
         loss = lm_loss(cp_logits(model, xs, ring), my_tokens(ys, ring), count)
         loss.backward()
-        sum_gradients(model.parameters())
+        if sync is None:
+            sum_gradients(model.parameters())
+        else:
+            sync(model, dp_group, cp_group)
         opt.step()
         opt.zero_grad()
         return report(loss)
