@@ -1,0 +1,178 @@
+"""Check function for notebook 09's FSDP-by-hand exercise (solution: source_code/solutions/nb09_own_fsdp.py).
+
+    from source_code.sharding.own_fsdp_exercise import check_reduce_grad
+    check_reduce_grad(reduce_grad)
+
+The learner writes ``reduce_grad(flat_grad)``: ``flat_grad`` (n,) is this rank's gradient of a
+unit's flattened parameters; it returns this rank's (c,) chunk of the mean over the N ranks,
+c = ceil(n / N), the chunk laid out as comm.py lays out every shard (rank r: elements
+[r*c, (r+1)*c) of the flat vector padded with zeros to N*c), zeros where it passes the end.
+
+A function defined in a notebook cell cannot be pickled, so its source is sent to N real
+processes (gloo) and run there with ``torch`` and ``dist`` in scope, on unit sizes that do and
+do not divide N, under measure.CommCounter. One line says what is wrong, found by trying the
+usual wrong answers.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+import torch
+import torch.distributed as dist
+
+from source_code.measure import CommCounter
+
+SIZES = (12, 1, 7, 10, 301)     # one that divides 3, then ones that do not (padding needed)
+
+
+class ExerciseFailed(AssertionError):
+    """A wrong answer, said in one line."""
+
+
+def rank_gradient(n: int, rank: int) -> torch.Tensor:
+    """The (n,) gradient rank ``rank`` holds in the check (the same on every process)."""
+    return torch.randn(n, generator=torch.Generator().manual_seed(1000 * rank + n))
+
+
+def expected(n: int, world: int, rank: int) -> torch.Tensor:
+    """This rank's (c,) chunk of the mean of every rank's gradient, zero-padded."""
+    c = -(-n // world)
+    mean = sum(rank_gradient(n, k) for k in range(world)) / world       # (n,)
+    padded = torch.cat([mean, mean.new_zeros(c * world - n)])            # (N * c,)
+    return padded[rank * c:(rank + 1) * c]
+
+
+def diagnose(got, n: int, world: int, rank: int, calls) -> str | None:
+    """None when ``got`` is right and sent as a reduce-scatter, else what is wrong, one line."""
+    c = -(-n // world)
+    want = expected(n, world, rank)
+    if not torch.is_tensor(got):
+        return f"return a tensor of {c} elements, not {type(got).__name__}"
+    got = got.detach().reshape(-1).float()
+    if got.numel() == n and n != c:
+        return ("you returned all n elements: after the reduction each rank keeps only its own "
+                "chunk of the gradient, the part its optimizer shard steps")
+    if got.numel() == n // world and n % world:
+        return (f"n = {n} does not divide among {world} ranks and your chunk has {got.numel()} "
+                f"elements: the last elements of the unit fell off; every shard has ceil(n / N)")
+    if got.numel() != c:
+        return f"n = {n} on {world} ranks: return {c} elements (every rank's chunk), not {got.numel()}"
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)      # noqa: E731
+    if close(got, want):
+        if "reduce_scatter" in calls:
+            return None
+        sent = ", ".join(sorted(calls)) or "no collective"
+        return (f"right numbers, but sent with {sent}: every rank then receives the whole "
+                "reduced gradient, twice the bytes of a reduce-scatter that delivers each rank "
+                "only its chunk")
+    if close(got, want * world):
+        return "these are the sums over the ranks: the gradient of the global batch is their mean"
+    others = [r for r in range(world) if r != rank and close(got, expected(n, world, r))]
+    if others:
+        return (f"rank {rank} returned rank {others[0]}'s chunk: rank r owns elements "
+                "[r*c, (r+1)*c) of the padded vector")
+    real = max(0, min(c, n - rank * c))
+    if close(got[:real], want[:real]):
+        return "the padding past the end of the unit must be zeros (it is stepped like the rest)"
+    return (f"n = {n} on {world} ranks: your chunk differs from the mean gradient's chunk by "
+            f"{(got - want).abs().max().item():.3g}")
+
+
+class _CheckedDist:
+    """torch.distributed for the learner's code, with the sizes of the tensor collectives checked
+    first: gloo given mismatched sizes can abort the process instead of raising."""
+
+    def __getattr__(self, name):
+        return getattr(dist, name)
+
+    @staticmethod
+    def reduce_scatter_tensor(output, input, *args, **kwargs):
+        n = dist.get_world_size()
+        if input.numel() != n * output.numel():
+            raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements, "
+                             f"output {output.numel()}: the input needs N x output")
+        return dist.reduce_scatter_tensor(output, input, *args, **kwargs)
+
+    @staticmethod
+    def all_gather_into_tensor(output, input, *args, **kwargs):
+        n = dist.get_world_size()
+        if output.numel() != n * input.numel():
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
+                             f"input {input.numel()}: the output needs N x input")
+        return dist.all_gather_into_tensor(output, input, *args, **kwargs)
+
+
+def _run_on_rank(sources: list[tuple[str, str]]) -> list[str | None]:
+    """On every rank: each learner function on every size; the first problem of each, or None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    verdicts = []
+    for source, name in sources:
+        namespace = {"torch": torch, "dist": _CheckedDist()}
+        exec(compile(source, f"<{name}>", "exec"), namespace)
+        fn, problem = namespace[name], None
+        for n in SIZES:
+            counter = CommCounter(world)
+            try:
+                with counter:
+                    got = fn(rank_gradient(n, rank).clone())
+                problem = diagnose(got, n, world, rank, dict(counter.calls))
+            except Exception as err:                      # the learner's bug, in one line
+                text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                problem = (f"n = {n} on {world} ranks: reduce-scatter needs an input of N x c "
+                           f"elements, {n} is not a multiple of {world}" if n % world else
+                           f"n = {n}: your reduce_grad raised {type(err).__name__}: {text}")
+            found = [None] * world                        # every rank goes on, or stops, together
+            dist.all_gather_object(found, problem)
+            problem = next((p for p in found if p), None)
+            if problem:
+                break
+        verdicts.append(problem)
+    return verdicts
+
+
+def verdicts(fns, world_size: int = 3) -> list[str | None]:
+    """Rank 0's verdict on each function (None: correct), all in one group of processes."""
+    from source_code.processes import ProcessesFailed, spawn
+    sources = []
+    for fn in fns:
+        try:
+            sources.append((textwrap.dedent(inspect.getsource(fn)), fn.__name__))
+        except (OSError, TypeError):
+            raise ExerciseFailed("cannot read the source of reduce_grad: define it with `def` in a "
+                                 "cell (it runs in other processes with torch and dist only)") from None
+    try:
+        return spawn(_run_on_rank, world_size, sources, collective_timeout_s=30, stream=False)[0]
+    except ProcessesFailed as err:
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        return [f"a rank failed or waited for the others: {lines[-1][:160]}"] * len(fns)
+
+
+def check_reduce_grad(fn, world_size: int = 3, strict: bool = False, quiet: bool = False) -> bool:
+    """Your ``reduce_grad(flat_grad)`` on ``world_size`` processes, on sizes that do and do not
+    divide it. Prints one line (nothing with ``quiet``); True when right."""
+    problem = None
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    if "raise NotImplementedError" in source:
+        problem, done = "not done yet: replace the TODO (raise NotImplementedError) with your code", False
+    elif "reduce_scatter_mean" in source:
+        problem, done = "write it with torch.distributed's collectives, not comm.py's helper", True
+    else:
+        done = True
+        try:
+            problem = verdicts([fn], world_size)[0]
+        except ExerciseFailed as failed:
+            problem = str(failed)
+    if problem is None:
+        if not quiet:
+            print(f"correct: the mean gradient's chunk on {world_size} ranks for unit sizes that "
+                  "do and do not divide among them, sent as a reduce-scatter")
+        return True
+    if not quiet:
+        print(f"not yet: {problem}" if done else problem)
+    if strict:
+        raise ExerciseFailed(problem)
+    return False
