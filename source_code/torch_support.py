@@ -35,7 +35,10 @@ ENTRY_POINTS = [
     ("05", T, 2, "source_code.parity", ""),
     ("05", T, 2, "source_code.ddp_internals.compare", "--steps 6 --warmup 2"),
     ("05", T, 2, "source_code.ddp_internals.no_sync", "--k 2"),
+    ("05", T, 3, "source_code.training.evaluation", "--samples 60 --epochs 1"),
     ("06", T, 2, "source_code.launch.sync_check", ""),
+    ("06", P, 1, "source_code.launch.node_layouts", ""),
+    ("06", P, 1, "source_code.training.loader_workers", "--epochs 1"),
     ("06 15", T, 2, "source_code.profiling.hang", "--timeout 5 --trace-dir TMP/hang"),  # see EXPECT
     ("07", T, 2, "source_code.training.ddp_fault_tolerant", "--epochs 2 --checkpoint TMP/snap.pt --snapshot-every 5"),
     ("08", P, 1, "source_code.memory.report", "--repeats 2"),
@@ -57,6 +60,7 @@ ENTRY_POINTS = [
     ("13", P, 1, "source_code.context_parallel.compare", ""),
     ("14", P, 1, "source_code.expert_parallel.compare", ""),
     ("14", T, 2, "source_code.expert_parallel.train", ""),
+    ("14", P, 1, "source_code.expert_parallel.bench", "--world 2 --reps 2"),
     ("15", T, 2, "source_code.profiling.profile_ddp", "--trace-dir TMP/traces"),
     ("15", P, 1, "source_code.profiling.scaling", "--procs 1,2 --steps 5"),
     ("16", T, 2, "source_code.frameworks.lightning_train", "--epochs 1 --max-steps 4"),
