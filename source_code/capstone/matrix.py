@@ -50,45 +50,69 @@ def _max_diff(got: dict, want: dict) -> float:
     return max(((got[n] - want[n]).abs().max().item() for n in got), default=0.0)
 
 
-def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES) -> dict | None:
+KEPT = ("one process, 4 pieces", "DDP, sum in rank order")
+
+
+def measure(runner, data, refs: dict, keep: bool = False) -> dict:
+    """Train ``runner`` on ``data`` (every rank); its loss curve and its largest differences
+    from the one-process reference of its kind (``refs[kind]`` = (losses, weights))."""
+    losses = [runner.step(x, y, seed.n_valid(y)) for x, y in data]
+    weights = runner.weights()
+    ref_losses, ref_weights = refs[runner.kind]
+    diff = torch.tensor([_max_diff(weights, ref_weights)])
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    curves = [None] * dist.get_world_size()
+    dist.all_gather_object(curves, losses if losses[0] is not None else None)
+    curve = next(c for c in curves if c is not None)
+    return {"kind": runner.kind, "losses": curve, "param_diff": diff.item(),
+            "loss_diff": max(abs(a - b) for a, b in zip(curve, ref_losses)),
+            "weights": weights if keep else None}
+
+
+def references(path, data, lr: float, pieces: int = 0) -> dict:
+    """kind -> (losses, weights) of one process, computed on rank 0 and sent to every rank."""
+    refs = [None]
+    if dist.get_rank() == 0:
+        refs = [{kind: seed.reference(path, data, kind, lr) for kind in ("dense", "moe")}]
+        if pieces:
+            refs[0]["pieces"] = seed.reference(path, data, "dense", lr, pieces=pieces)
+    dist.broadcast_object_list(refs)
+    return refs[0]
+
+
+def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES, with_bug: bool = False) -> dict | None:
     """On every rank of a 4-process group: the uneven-token case, then every configuration.
     Rank 0 returns {"uneven", "reference": {kind: losses}, "rows": [...], "order_fixed"}."""
     quiet_redistribute_warnings()
     rank = dist.get_rank()
     uneven = normalisation.uneven_case(path)
     data = seed.batches(steps, batch_size)
-    refs = [None]
-    if rank == 0:
-        refs = [{kind: seed.reference(path, data, kind, lr) for kind in ("dense", "moe")}]
-        refs[0]["pieces"] = seed.reference(path, data, "dense", lr, pieces=WORLD)
-    dist.broadcast_object_list(refs)
-    refs = refs[0]
+    refs = references(path, data, lr, pieces=WORLD)
     rows, kept = [], {}
     for name in names:
         start = time.perf_counter()
-        runner = GROUPS[family(name)].build(name, path, lr)
-        losses = [runner.step(x, y, seed.n_valid(y)) for x, y in data]
-        weights = runner.weights()
-        ref_losses, ref_weights = refs[runner.kind]
-        diff = torch.tensor([_max_diff(weights, ref_weights)])
-        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        curves = [None] * dist.get_world_size()
-        dist.all_gather_object(curves, losses if losses[0] is not None else None)
-        curve = next(c for c in curves if c is not None)
-        row = {"name": name, "family": family(name), "kind": runner.kind, "losses": curve,
-               "loss_diff": max(abs(a - b) for a, b in zip(curve, ref_losses)),
-               "param_diff": diff.item(), "seconds": time.perf_counter() - start}
+        row = measure(GROUPS[family(name)].build(name, path, lr), data, refs, keep=name in KEPT)
+        row.update(name=name, family=family(name), seconds=time.perf_counter() - start)
+        if name in KEPT and rank == 0:
+            kept[name] = (row["losses"], row.pop("weights"))
+        row.pop("weights", None)
         rows.append(row)
-        if name in ("one process, 4 pieces", "DDP, sum in rank order") and rank == 0:
-            kept[name] = (curve, weights)
         if rank == 0:
             print(f"{name:<24} loss diff {row['loss_diff']:.1e}  weight diff {row['param_diff']:.1e}"
                   f"  ({row['seconds']:.1f} s)", flush=True)
-        del runner
+    if with_bug:
+        from source_code.capstone.exercises import sync_dp_only
+        bug = measure(runners_combo.dp_cp(path, lr, sync=sync_dp_only), data, refs)
+        bug.pop("weights", None)
+        if rank == 0:
+            print(f"{'DP x CP, seeded bug':<24} loss diff {bug['loss_diff']:.1e}  weight diff "
+                  f"{bug['param_diff']:.1e}", flush=True)
     dist.barrier()
     if rank != 0:
         return None
     out = {"uneven": uneven, "reference": {k: v[0] for k, v in refs.items()}, "rows": rows}
+    if with_bug:
+        out["seeded_bug"] = bug
     if len(kept) == 2:
         (c1, w1), (c2, w2) = kept.values()
         out["order_fixed"] = {"loss_diff": max(abs(a - b) for a, b in zip(c1, c2)),
@@ -96,13 +120,16 @@ def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES) -> dict |
     return out
 
 
-def run(steps: int = 3, batch_size: int = 8, lr: float = seed.LR, names=NAMES, directory=None) -> dict:
-    """Save the seed checkpoint, start 4 CPU processes once, run everything; rank 0's result."""
+def run(steps: int = 3, batch_size: int = 8, lr: float = seed.LR, names=NAMES, directory=None,
+        with_bug: bool = False) -> dict:
+    """Save the seed checkpoint, start 4 CPU processes once, run everything; rank 0's result
+    (``with_bug``: also the DP x CP run with the seeded bug of the exercise, "seeded_bug")."""
     from source_code.processes import spawn
     check(steps, batch_size, names)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = seed.save_seed(os.path.join(tmp, "seed.pt"))
-        return spawn(run_all, WORLD, path, steps, batch_size, lr, tuple(names), device="cpu")[0]
+        return spawn(run_all, WORLD, path, steps, batch_size, lr, tuple(names), with_bug,
+                     device="cpu")[0]
 
 
 def summary(result: dict) -> dict:
