@@ -1,0 +1,124 @@
+"""Gradient compression through DDP's communication hooks: fp16/bf16, PowerSGD by hand, torch's.
+
+A hook ``hook(state, bucket) -> Future[Tensor]`` replaces DDP's all-reduce of one bucket
+(a flat buffer of several parameters' gradients); whatever it returns becomes their averaged
+gradients. ``attach(ddp, method, rank)`` registers one of:
+
+    full            DDP's own all-reduce (no hook)
+    fp16, bf16      torch's fp16_compress_hook / bf16_compress_hook: cast, all-reduce, cast back
+    powersgd        ``powersgd_hook`` below with error feedback
+    powersgd-no-ef  the same without error feedback
+    torch-powersgd  torch's powerSGD_hook with its PowerSGDState
+
+PowerSGD (Vogels et al., 2019) by hand, for each gradient matrix M (n x m) of the bucket::
+
+    M += error                      # error feedback: what earlier steps failed to send
+    P = M @ Q                       # (n, r)   Q (m, r) is last step's, a warm start
+    all_reduce(P); P = orth(P)      # one orthogonalisation (QR) of the summed P
+    Q = M.T @ P                     # (m, r)
+    all_reduce(Q)
+    approx = P @ Q.T / world        # rank r: r (n + m) numbers sent instead of n m
+    error = M - approx
+
+Vectors (biases, norms) and matrices that a rank-r pair would not shrink go through one plain
+all-reduce. Each of the three all-reduces carries every matrix of the bucket at once (one
+latency each, as torch does). The first ``start_iter`` steps use the plain all-reduce: DDP
+rebuilds its buckets after the first step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+METHODS = ("full", "fp16", "bf16", "powersgd", "powersgd-no-ef", "torch-powersgd")
+
+
+class PowerSGDState:
+    """What our hook keeps between steps: the rank, the error of each matrix, Q per matrix."""
+
+    def __init__(self, rank: int = 2, error_feedback: bool = True, start_iter: int = 2, seed: int = 0):
+        if rank < 1:
+            raise ValueError(f"PowerSGD rank must be >= 1, got {rank}")
+        self.rank, self.error_feedback, self.start_iter, self.seed = rank, error_feedback, start_iter, seed
+        self.errors, self.qs = {}, {}
+        self.iter = 0
+
+
+def compressible(shape, rank: int) -> bool:
+    """A matrix worth a rank-r pair: r (n + m) numbers fewer than n m."""
+    if len(shape) < 2:
+        return False
+    n, m = shape[0], int(torch.Size(shape[1:]).numel())
+    return rank * (n + m) < n * m
+
+
+def _flat_all_reduce(tensors) -> None:
+    """One all-reduce (sum) for a list of tensors, written back in place."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def powersgd_hook(state, bucket):                 # DDP checks hooks' annotations: none here
+    world = dist.get_world_size()
+    buffer = bucket.buffer()                       # flat gradients of this bucket
+    key = bucket.index()
+    plain = state.iter < state.start_iter
+    if bucket.is_last():                           # a step ends with its last bucket
+        state.iter += 1
+    if plain:
+        return default_hooks.allreduce_hook(None, bucket)
+    grads = bucket.gradients()                     # views into buffer, one per parameter
+    mats = [g.view(g.shape[0], -1) for g in grads if compressible(g.shape, state.rank)]
+    rest = [g for g in grads if not compressible(g.shape, state.rank)]
+    if state.error_feedback:
+        if key in state.errors and state.errors[key].shape == buffer.shape:
+            buffer.add_(state.errors[key])         # M += error
+        wanted = buffer.clone()
+    if key not in state.qs or [q.shape[0] for q in state.qs[key]] != [m.shape[1] for m in mats]:
+        g = torch.Generator().manual_seed(state.seed + key)   # the same Q on every rank
+        state.qs[key] = [torch.randn(m.shape[1], state.rank, generator=g).to(buffer) for m in mats]
+    qs = state.qs[key]
+    _flat_all_reduce(rest)                                   # vectors: as they are
+    ps = [m @ q for m, q in zip(mats, qs)]                    # (n, r)
+    _flat_all_reduce(ps)
+    ps = [torch.linalg.qr(p).Q for p in ps]                   # orthonormal columns
+    for m, p, q in zip(mats, ps, qs):
+        q.copy_(m.T @ p)                                      # (m, r), kept: next step's start
+    _flat_all_reduce(qs)
+    for m, p, q in zip(mats, ps, qs):
+        m.copy_(p @ q.T)                                      # rank-r sum of the gradients
+    buffer.div_(world)
+    if state.error_feedback:
+        state.errors[key] = wanted - buffer                   # what this rank still owes
+    fut = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def attach(ddp, method: str, rank: int = 2, seed: int = 0):
+    """Register ``method``'s hook on ``ddp``; returns its state (None for the plain ones)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown compression {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "full":
+        return None
+    if method in ("fp16", "bf16"):
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook if method == "fp16"
+                               else default_hooks.bf16_compress_hook)
+        return None
+    if method == "torch-powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                            start_powerSGD_iter=2, min_compression_rate=1,
+                                            use_error_feedback=True, warm_start=True,
+                                            random_seed=seed)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return state
+    state = PowerSGDState(rank, error_feedback=method == "powersgd", seed=seed)
+    ddp.register_comm_hook(state, powersgd_hook)
+    return state
