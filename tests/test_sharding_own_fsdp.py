@@ -25,6 +25,11 @@ def test_two_ranks_bitwise_and_summary_line(torchrun, tmp_path):
     assert float(m.group(1)) == 0.0
     b = res["bytes"]
     assert b["own_fsdp"]["resident"] < b["zero2"]["resident"] < b["zero1"]["resident"] < b["ddp"]["resident"]
+    # prefetch: unit i+1's gather issued before unit i computes; backward issues in reverse order
+    iv = res["prefetch"]["prefetch"]["intervals"]
+    names = list(iv)
+    assert all(iv[b]["transfer"][0] <= iv[a]["compute"][0] for a, b in zip(names, names[1:])), iv
+    assert res["prefetch"]["prefetch"]["backward_issue_order"][:3] == ["head", "layers.1", "layers.0"]
     assert float(m.group(2)) == pytest.approx(b["own_fsdp"]["resident"] / b["ddp"]["resident"], abs=1e-4)
 
 

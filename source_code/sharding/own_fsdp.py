@@ -108,8 +108,11 @@ class Unit:
         """Forward post-hook: free the full parameters; gather them again in backward."""
         free_storage(self.full)
         if torch.is_tensor(out) and out.requires_grad:
-            out.register_hook(lambda grad: self.gather())   # before this unit's backward
+            out.register_hook(lambda grad: self.before_backward())  # before this unit's backward
         return out
+
+    def before_backward(self) -> None:
+        self.gather()
 
     def reduce_grad(self) -> None:
         """The full gradient is complete: reduce-scatter it, keep my chunk, free the rest."""
@@ -144,12 +147,14 @@ def average_gradient_hook(p: torch.Tensor) -> None:
     comm.all_reduce_mean_(p.grad)
 
 
-def shard_by_hand(model: nn.Module, units=None) -> list[Unit]:
+def shard_by_hand(model: nn.Module, units=None, unit_class=None) -> list[Unit]:
     """Shard ``model`` in place (ZeRO-3): one Unit per (name, module) of ``units`` (default:
     ``default_units``); every parameter left outside them is replicated and its gradient
-    all-reduced. Build the optimizer afterwards, on ``model.parameters()``."""
+    all-reduced. Build the optimizer afterwards, on ``model.parameters()``. ``unit_class``:
+    a subclass of Unit (own_fsdp_prefetch.PrefetchUnit)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    made = [Unit(name, module, world, rank) for name, module in (units or default_units(model))]
+    make = unit_class or Unit
+    made = [make(name, module, world, rank) for name, module in (units or default_units(model))]
     sharded = {id(u.shard) for u in made}
     for p in model.parameters():
         if id(p) not in sharded and p.requires_grad:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from source_code.measure import CommCounter
+from source_code.sharding import comm  # noqa: F401  (its import quiets torch's *_tensor deprecation warning)
 
 SIZES = (12, 1, 7, 10, 301)     # one that divides 3, then ones that do not (padding needed)
 

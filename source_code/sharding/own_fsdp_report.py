@@ -34,6 +34,7 @@ from source_code.distributed import print0, ranks_from_env, run_main, session
 from source_code.errors import LaunchError
 from source_code.measure import state_bytes
 from source_code.sharding import own_fsdp
+from source_code.sharding import own_fsdp_timeline as timeline
 from source_code.sharding.fsdp import build_sharded, unsharded_parameter_bytes
 from source_code.sharding.parity import full_weights, train
 from source_code.sharding.zero import ZeroAdamW
@@ -119,7 +120,16 @@ def run(ctx, args) -> dict:
         print0(f"bytes: impl={impl} world_size={ctx.world_size} resident={b['resident']} "
                f"gathered={b['gathered']} peak={b['peak']}")
         del model, opt, inner, gathered
+    res["prefetch"] = timeline.timeline_run(ctx, cfg, args)
     if ctx.is_main:
+        pf = res["prefetch"]
+        print0(f"prefetch: forward_ms none={pf['none']['forward_ms']:.1f} "
+               f"prefetch={pf['prefetch']['forward_ms']:.1f} hidden none={pf['none']['hidden_fraction']:.2f} "
+               f"prefetch={pf['prefetch']['hidden_fraction']:.2f}")
+        big = workload.model_config(dim=4096, n_layers=2, n_heads=32, vocab_size=32000, max_len=4096)
+        res["predicted"] = {
+            "this_model": timeline.predict(pf["unit_bytes"], pf["unit_params"], pf["tokens"], ctx.world_size),
+            "dim4096": timeline.predict(*timeline.unit_sizes(big, ctx.world_size), 4 * 4096, ctx.world_size)}
         for name, a, b in (("own_fsdp", got["own_fsdp"], reference),
                            ("fully_shard", got["fully_shard"], reference),
                            ("own_fsdp_vs_fully_shard", got["own_fsdp"], got["fully_shard"])):
