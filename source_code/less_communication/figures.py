@@ -5,19 +5,19 @@ import matplotlib.pyplot as plt
 
 from source_code.figures import export
 from source_code.less_communication.harness import replay_time
-from source_code.less_communication.payoff import smoothed
 
 
 def curves(runs: dict, methods, link: str, name: str | None = None):
-    """Two panels with the same loss axis: running-mean loss against steps, and against the
+    """Two panels with the same loss axis: held-out loss against steps, and against the
     simulated seconds on ``link`` (each run's compute plus its collectives on that link)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for m in methods:
-        loss = smoothed(runs[m]["loss"])
-        line, = a.plot(range(1, len(loss) + 1), loss, label=m)
-        b.plot(replay_time(runs[m], link), loss, color=line.get_color(), label=m)
+        steps, loss = zip(*runs[m]["evals"])
+        times = replay_time(runs[m], link)
+        line, = a.plot(steps, loss, "o-", ms=3, label=m)
+        b.plot([times[k - 1] for k in steps], loss, "o-", ms=3, color=line.get_color(), label=m)
     a.set_xlabel("step")
-    a.set_ylabel("training loss (running mean of 10 steps)")
+    a.set_ylabel("held-out loss")
     b.set_xlabel(f"simulated seconds on the {link} link")
     b.set_xscale("log")
     for ax in (a, b):

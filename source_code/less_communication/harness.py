@@ -16,7 +16,7 @@ Each step runs inside ``SlowLink`` (counting only: ``sleep`` off), so every step
 collectives (kind, bytes) and its compute time (wall time minus the time its collectives
 took here): the run can then be replayed on any link (``replay_time``). Losses are the
 workers' training losses, averaged over ranks; ``eval`` is the held-out loss of the model each
-worker ends with, averaged over ranks. ``slow_link_check`` alternates DDP steps on the local
+worker ends with, averaged over ranks (``evals``: the same every ``eval_every`` steps). ``slow_link_check`` alternates DDP steps on the local
 link with steps that sleep the chosen link's time, to compare measured and modelled time.
 Rank 0 returns the results as plain Python values; the other ranks return None.
 """
@@ -38,7 +38,7 @@ from source_code.measure import clock
 
 DEFAULTS = {"steps": 80, "batch": 32, "lr": 3e-3, "sgd_lr": 0.3, "dim": 32, "layers": 2, "rank": 2, "every": 20,
             "sweep": (10, 40), "fragments": 4, "link": "inter-site", "check_steps": 5,
-            "seed": 0, "bf16_steps": 4}
+            "seed": 0, "bf16_steps": 4, "eval_every": 10}
 
 
 def settings_with(**changes) -> dict:
@@ -95,7 +95,7 @@ def train(method: str, s: dict, steps: int | None = None) -> dict:
     sync = sync if hasattr(sync, "after_inner_step") else None
     opt = (torch.optim.SGD(model.parameters(), lr=s["sgd_lr"], momentum=0.9) if method in SGD_METHODS
            else torch.optim.AdamW(model.parameters(), lr=s["lr"]))
-    losses, compute_s, ops = [], [], []
+    losses, compute_s, ops, held, held_steps = [], [], [], [], []
     with SlowLink(world, s["link"]) as wire:
         for step in range(steps):
             x, y = workload.rank_slice(workload.global_batch(dataset, step, s["batch"], s["seed"]),
@@ -111,15 +111,18 @@ def train(method: str, s: dict, steps: int | None = None) -> dict:
             compute_s.append(clock(ctx.device) - start - (wire.measured_s - comm_before))
             ops.append(wire.step())
             losses.append(loss.item())
+            if (step + 1) % s["eval_every"] == 0 or step + 1 == steps:
+                with torch.no_grad():            # this worker's model on the held-out set
+                    held.append(workload.loss_fn(model, *(t.to(ctx.device) for t in held_out)).item())
+                held_steps.append(step + 1)
     if method == "torch-powersgd":
         _add_unseen_ops(ops, hook_state, world)
-    with torch.no_grad():
-        held = workload.loss_fn(model, held_out[0].to(ctx.device), held_out[1].to(ctx.device)).item()
-    # reporting, outside the ledger: the mean over ranks of the curve and of the held-out loss
-    t = torch.tensor(losses + [held], dtype=torch.float64)
+    # reporting, outside the ledger: the means over ranks of the curve and of the held-out losses
+    t = torch.tensor(losses + held, dtype=torch.float64)
     dist.all_reduce(t)
     t /= world
-    return {"method": method, "loss": t[:-1].tolist(), "eval": t[-1].item(),
+    evals = list(zip(held_steps, t[steps:].tolist()))
+    return {"method": method, "loss": t[:steps].tolist(), "eval": evals[-1][1], "evals": evals,
             "compute_s": compute_s, "ops": ops, "world": world,
             "bytes_per_step": wire_bytes(ops, world) / steps,
             "params": sum(p.numel() for p in model.parameters())}
@@ -137,12 +140,16 @@ def peak_sync_bytes(run: dict) -> int:
 
 
 def _add_unseen_ops(ops, state, world) -> None:
-    """torch's PowerSGD hook all-reduces P and Q in future callbacks, which gloo runs on its own
-    thread where SlowLink does not see them: add them to each compressed step from its buffers
-    (P and Q of every bucket, fp32), the sizes those all-reduces carry."""
+    """torch's PowerSGD hook all-reduces the vectors in the hook, then P and Q in future
+    callbacks, which run on gloo's thread (out of SlowLink's sight) or on this one, depending on
+    timing. So each compressed step's ledger is made the same every time: the vectors'
+    all-reduce as seen, then P and Q from the state's buffers (all of one bucket, fp32)."""
+    if len(state.p_memory_dict) != 1:
+        raise ValueError("the torch-powersgd ledger expects one DDP bucket; raise bucket_cap_mb")
     p = sum(t.numel() * t.element_size() for t in state.p_memory_dict.values())
     q = sum(t.numel() * t.element_size() for t in state.q_memory_dict.values())
     for step_ops in ops[state.start_powerSGD_iter:]:
+        del step_ops[1:]
         step_ops.extend([("all_reduce", p), ("all_reduce", q)])
 
 
@@ -177,13 +184,14 @@ def slow_link_check(s: dict) -> dict:
             "model_s": statistics.median(charged)}
 
 
-def replay_time(run: dict, link, compute_s: float | None = None) -> list:
+def replay_time(run: dict, link, compute_s: float | None = None, scale: float = 1.0) -> list:
     """Cumulative simulated seconds after each step of ``run`` on ``link``: the median compute
-    time of its steps (or ``compute_s``) plus the link time of each step's collectives."""
+    time of its steps (or ``compute_s``) plus the link time of each step's collectives, their
+    bytes multiplied by ``scale`` (the same run for a model ``scale`` times larger)."""
     c = statistics.median(run["compute_s"]) if compute_s is None else compute_s
     out, total = [], 0.0
     for ops in run["ops"]:
-        total += c + replay(ops, link, run["world"])
+        total += c + replay([(kind, nbytes * scale) for kind, nbytes in ops], link, run["world"])
         out.append(total)
     return out
 

@@ -1,4 +1,4 @@
-"""torchft's DiLoCo beside ours: the same model, batches, H and optimizers, two replica groups.
+"""torchft's DiLoCo and LocalSGD beside ours: the same model, batches, H and optimizers, two replica groups.
 
     python -m source_code.less_communication.torchft_diloco
     python -m source_code.less_communication.torchft_diloco --steps 80 --every 20
@@ -10,7 +10,8 @@ replicas that are alive) and steps the outer optimizer. Here two replica groups 
 each run as two threads of this process, as torchft's own integration tests do, with a
 lighthouse on a free port. Each replica trains the notebook's TransformerLM on its half of
 the same global batches (``harness.train``'s rank slices) with AdamW inside and SGD with
-Nesterov momentum outside; ``run`` returns the replicas' mean training loss per step and
+Nesterov momentum outside (``method="local-sgd"``: torchft's LocalSGD, which averages the
+parameters); ``run`` returns the replicas' mean training loss per step and
 held-out loss, to compare with ``harness.train("diloco-H")`` run in a process group.
 torchft is optional: without it ``available()`` says why.
 """
@@ -42,9 +43,9 @@ def available() -> str | None:
     return None
 
 
-def _replica(rid: int, s: dict, lighthouse: str, out: dict) -> None:
+def _replica(rid: int, s: dict, lighthouse: str, out: dict, method: str, init_sync: bool) -> None:
     import torch.distributed as dist
-    from torchft.local_sgd import DiLoCo
+    from torchft.local_sgd import DiLoCo, LocalSGD
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
@@ -59,10 +60,13 @@ def _replica(rid: int, s: dict, lighthouse: str, out: dict) -> None:
                       state_dict=lambda: {"model": model.state_dict()},
                       replica_id=f"less_communication_{rid}", store_addr="localhost",
                       store_port=store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
-                      timeout=timedelta(seconds=60), use_async_quorum=False)
+                      timeout=timedelta(seconds=60), use_async_quorum=False,
+                      init_sync=init_sync)
     losses = []
     try:
-        with DiLoCo(manager, [model], inner, outer, sync_every=s["every"], pin_memory=False):
+        wrapper = (DiLoCo(manager, [model], inner, outer, sync_every=s["every"], pin_memory=False)
+                   if method == "diloco" else LocalSGD(manager, model, inner, sync_every=s["every"]))
+        with wrapper:
             for step in range(s["steps"]):
                 x, y = workload.rank_slice(workload.global_batch(dataset, step, s["batch"], s["seed"]), rid, 2)
                 loss = workload.loss_fn(model, x, y)
@@ -93,8 +97,13 @@ def _stderr_fd_to(sink: io.StringIO):
             sink.write(tmp.read())
 
 
-def run(settings: dict | None = None) -> dict:
-    """Two replicas of torchft's DiLoCo; {"loss": mean per step, "eval": mean held-out loss}."""
+def run(settings: dict | None = None, method: str = "diloco", init_sync: bool = False) -> dict:
+    """Two replicas of torchft's DiLoCo (or LocalSGD); {"loss": mean per step, "eval": mean
+    held-out loss}. ``init_sync=False``: both replicas start from the same seed, so no replica
+    is healed from the other's state at the first quorum (torchft's default would, and the
+    first quorum forms at the first synchronisation: one replica's steps would be lost)."""
+    if method not in ("diloco", "local-sgd"):
+        raise ValueError(f"method must be diloco or local-sgd, got {method!r}")
     os.environ.setdefault("RUST_LOG", "error")     # torchft's quorum log, before it starts
     from torchft._torchft import LighthouseServer
 
@@ -107,7 +116,7 @@ def run(settings: dict | None = None) -> dict:
         warnings.simplefilter("ignore")
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
         try:
-            threads = [threading.Thread(target=_replica, args=(r, s, lighthouse.address(), out))
+            threads = [threading.Thread(target=_replica, args=(r, s, lighthouse.address(), out, method, init_sync))
                        for r in range(2)]
             for t in threads:
                 t.start()
