@@ -22,10 +22,16 @@ Printed, one line each:
 and last
 
     summary: device=D ... megatron_bytes_per_param=M activation_bytes_rel_error=E recompute_memory_ratio=R
+             adam_8bit_moment_bytes_per_param=Q kahan_drift_max_abs_diff=K stochastic_drift_ratio=S
+             offload_packed_bytes=P offload_max_abs_grad_diff=G
 
 M: bytes per parameter counted in a step of Megatron-LM's bookkeeping; E: the largest relative
 error of the formula over the configurations (goal: E <= 0.01); R: the peak bytes a step
-allocates with full checkpointing / without.
+allocates with full checkpointing / without; Q: Adam's two moments in 8 bits, bytes per
+parameter counted (optimizer_precision.py); K: how far the bf16 weights with Kahan compensation
+end from the fp32 master copy's, rounded (compensated.py, goal 0); S: the mean drift of
+stochastically rounded bf16 weights over the fp32 one (goal near 1; plain bf16 gives 0);
+P: the bytes save_on_cpu packs in a step (offload.py); G: its gradients against the plain step's.
 """
 from __future__ import annotations
 
@@ -35,7 +41,8 @@ import torch.nn.functional as F
 from source_code.cli import Parser, positive_int, writable_path
 from source_code.distributed import pick_device
 from source_code.errors import run_main
-from source_code.memory import accumulation, formula, precision, recompute
+from source_code.memory import (accumulation, compensated, formula, offload, optimizer_precision, precision,
+                                recompute)
 from source_code.memory.saved import saved_bytes
 from source_code.models import Block, TransformerLM
 
@@ -96,8 +103,18 @@ def run(device: str = "cpu", dim: int = 64, seq: int = 64, batch: int = 8, repea
         f"{m}_time_ratio={r['time_ratio']:.2f}" for m, r in rec.items()), flush=True)
     acc = accumulation.same_update()
     print(f"accumulation: micro_batches={acc['micro_batches']} max_abs_diff={acc['max_abs_diff']:.2e}")
+    moments = {f: optimizer_precision.state_bytes_per_param(f) for f in optimizer_precision.FORMATS}
+    q = moments["8bit"]
+    fix = compensated.small_updates()
+    k = (fix["kahan"]["drift"] - fix["fp32-master"]["drift"]).abs().max().item()
+    sr = fix["stochastic"]["drift"].mean().item() / fix["fp32_master_drift"].mean().item()
+    off = offload.measure(device=device, repeats=1)
+    print("precision_depth: adam_moment_bytes_per_param " + " ".join(f"{f}={v:.3f}" for f, v in moments.items())
+          + f" kahan_moved={fix['kahan']['moved']:.3f} stochastic_moved={fix['stochastic']['moved']:.3f} "
+          f"offload_packed={off['packed']} offload_copied={off['copied']}", flush=True)
     out = {"rows": rows, "block16": b, "per_param": per, "recompute": rec, "accumulation": acc,
-           "E": max(r["rel_error"] for _, r in rows), "R": rec["full"]["peak_ratio"]}
+           "E": max(r["rel_error"] for _, r in rows), "R": rec["full"]["peak_ratio"],
+           "Q": q, "K": k, "S": sr, "offload": off}
     if kind == "cuda":
         from source_code.memory import gpu
         g = gpu.allocator_vs_counted(model, batch, seq, snapshot)
@@ -147,7 +164,10 @@ def main(argv=None):
           f"bf16_mixed_bytes_per_param={pp['bf16-mixed']['total']:.2f} "
           f"fp16_scaler_bytes_per_param={pp['fp16-scaler']['total']:.2f} "
           f"megatron_bytes_per_param={pp['bf16-megatron']['total']:.2f} "
-          f"activation_bytes_rel_error={out['E']:.2e} recompute_memory_ratio={out['R']:.3f}")
+          f"activation_bytes_rel_error={out['E']:.2e} recompute_memory_ratio={out['R']:.3f} "
+          f"adam_8bit_moment_bytes_per_param={out['Q']:.3f} kahan_drift_max_abs_diff={out['K']:.1e} "
+          f"stochastic_drift_ratio={out['S']:.3f} offload_packed_bytes={out['offload']['packed']} "
+          f"offload_max_abs_grad_diff={out['offload']['max_abs_grad_diff']:.1e}")
     return 0 if out["E"] <= 0.01 else 1
 
 
