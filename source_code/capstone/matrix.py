@@ -80,7 +80,8 @@ def references(path, data, lr: float, pieces: int = 0) -> dict:
     return refs[0]
 
 
-def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES, with_bug: bool = False) -> dict | None:
+def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES, with_bug: bool = False,
+            choice: dict | None = None) -> dict | None:
     """On every rank of a 4-process group: the uneven-token case, then every configuration.
     Rank 0 returns {"uneven", "reference": {kind: losses}, "rows": [...], "order_fixed"}."""
     quiet_redistribute_warnings()
@@ -107,12 +108,18 @@ def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES, with_bug:
         if rank == 0:
             print(f"{'DP x CP, seeded bug':<24} loss diff {bug['loss_diff']:.1e}  weight diff "
                   f"{bug['param_diff']:.1e}", flush=True)
+    if choice:
+        from source_code.capstone.choose import build
+        mine = measure(build(path, lr, WORLD, **choice), data, refs)
+        mine.pop("weights", None)
     dist.barrier()
     if rank != 0:
         return None
     out = {"uneven": uneven, "reference": {k: v[0] for k, v in refs.items()}, "rows": rows}
     if with_bug:
         out["seeded_bug"] = bug
+    if choice:
+        out["choice"] = mine
     if len(kept) == 2:
         (c1, w1), (c2, w2) = kept.values()
         out["order_fixed"] = {"loss_diff": max(abs(a - b) for a, b in zip(c1, c2)),
@@ -121,15 +128,20 @@ def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES, with_bug:
 
 
 def run(steps: int = 3, batch_size: int = 8, lr: float = seed.LR, names=NAMES, directory=None,
-        with_bug: bool = False) -> dict:
+        with_bug: bool = False, choice: dict | None = None) -> dict:
     """Save the seed checkpoint, start 4 CPU processes once, run everything; rank 0's result
-    (``with_bug``: also the DP x CP run with the seeded bug of the exercise, "seeded_bug")."""
+    (``with_bug``: also the DP x CP run with the seeded bug of the exercise, "seeded_bug";
+    ``choice``: sizes for choose.plan on these 4 processes, checked first, "choice")."""
     from source_code.processes import spawn
     check(steps, batch_size, names)
+    if choice:
+        from source_code.capstone.choose import SIZES, plan
+        choice = {**{k: 1 for k in SIZES}, "zero": 0, **choice}
+        plan(WORLD, batch_size=batch_size, **choice)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = seed.save_seed(os.path.join(tmp, "seed.pt"))
         return spawn(run_all, WORLD, path, steps, batch_size, lr, tuple(names), with_bug,
-                     device="cpu")[0]
+                     choice, device="cpu")[0]
 
 
 def summary(result: dict) -> dict:
