@@ -1,0 +1,60 @@
+"""Hangs: a watchdog thread in every training process that notices no progress and says where each rank is.
+
+    python -m source_code.resilience.health_drill --hang-rank 1 --hang-at-step 3
+
+A collective that one rank never joins blocks the others silently until the process group's
+timeout (minutes; notebook 15). A watchdog does better from inside the process:
+* the training loop marks where it is: ``dog.at(step, "forward")``, ``dog.at(step, "all_reduce")``;
+  each mark goes to the rendezvous store (a few bytes) as well as to the thread;
+* the thread wakes every ``poll_s``; when the mark has not moved for ``timeout_s`` it reads every
+  rank's last mark from the store and hands the report to ``on_hang``: who is where, since when.
+  The rank stuck outside the collective is the one to look at (its stack: py-spy dump --pid).
+In production ``on_hang`` prints the report and ends the process (os._exit), so that the launcher
+restarts the job (or torchft drops the group); the drill's ``on_hang`` records it and releases
+its simulated hang so that every process ends cleanly.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+
+class Watchdog:
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float, on_hang, poll_s: float = 0.05):
+        if timeout_s <= 0 or poll_s <= 0:
+            raise ValueError("timeout_s and poll_s must be positive seconds")
+        self.store, self.rank, self.world = store, rank, world_size
+        self.timeout_s, self.poll_s, self.on_hang = timeout_s, poll_s, on_hang
+        self.where = {"step": -1, "phase": "start", "since": time.time()}
+        self.fired = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+
+    def __enter__(self):
+        self.at(-1, "start")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, step: int, phase: str) -> None:
+        """Mark progress: this rank is now in ``phase`` of ``step``."""
+        self.where = {"step": step, "phase": phase, "since": time.time()}
+        self.store.set(f"watchdog/{self.rank}", json.dumps(self.where))
+
+    def report(self) -> dict:
+        now = time.time()
+        out = {}
+        for r in range(self.world):
+            mark = json.loads(self.store.get(f"watchdog/{r}"))
+            out[r] = {**mark, "stuck_s": now - mark["since"]}
+        return out
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if not self.fired and time.time() - self.where["since"] > self.timeout_s:
+                self.fired = True
+                self.on_hang(self.report())
