@@ -141,3 +141,13 @@ def test_a_bad_flag_ends_in_one_line():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+
+
+def test_allocator_skips_in_one_line_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the gpu-smoke check runs the allocator")
+    from source_code.memory import allocator
+    assert allocator.compare() is None
+    assert allocator.main([]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("allocator: skipped (no GPU here")
