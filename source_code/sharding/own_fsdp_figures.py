@@ -48,6 +48,7 @@ def timeline_figure(pf: dict):
         ax.set_title(f"{title}: forward {pf[key]['forward_ms']:.1f} ms, "
                      f"{pf[key]['hidden_fraction']:.0%} of transfer time under computation", fontsize=9)
     axes[-1].set_xlabel("ms since the forward started (rank 0)")
-    axes[0].legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=2, fontsize=8,
+               bbox_to_anchor=(0.5, 1.0))        # above the panels, never over a bar
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

@@ -11,6 +11,7 @@ N slices whose gradients it adds up (sharding/parity.py). Printed, rank 0:
     parity: impl=own_fsdp world_size=N steps=S max_abs_diff=D bitwise=True|False
     parity: impl=fully_shard ...     (and own_fsdp against fully_shard)
     bytes: impl=ddp resident=B gathered=G peak=P      (per rank, one line per implementation)
+    prefetch: forward_ms none=.. prefetch=.. hidden none=.. prefetch=..   (own_fsdp_timeline.py)
     summary: ... own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R
 
 resident: parameters + gradients + optimizer state this rank holds after a step (before
