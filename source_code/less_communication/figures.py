@@ -7,13 +7,14 @@ from source_code.figures import export
 from source_code.less_communication.harness import replay_time
 
 
-def curves(runs: dict, methods, link: str, name: str | None = None):
+def curves(runs: dict, methods, link: str, name: str | None = None, compute_s: float | None = None):
     """Two panels with the same loss axis: held-out loss against steps, and against the
-    simulated seconds on ``link`` (each run's compute plus its collectives on that link)."""
+    simulated seconds on ``link`` (``compute_s`` a step, else each run's own median, plus its
+    collectives on that link)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for m in methods:
         steps, loss = zip(*runs[m]["evals"])
-        times = replay_time(runs[m], link)
+        times = replay_time(runs[m], link, compute_s)
         line, = a.plot(steps, loss, "o-", ms=3, label=m)
         b.plot([times[k - 1] for k in steps], loss, "o-", ms=3, color=line.get_color(), label=m)
     a.set_xlabel("step")
