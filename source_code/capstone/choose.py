@@ -3,6 +3,8 @@
     python -m source_code.capstone.choose --world 4 --dp 2 --tp 2 --zero 3
     python -m source_code.capstone.choose --world 2 --pp 2
     python -m source_code.capstone.choose --world 4 --dp 2 --cp 2
+    torchrun --standalone --nproc-per-node=4 -m source_code.capstone.choose --dp 2 --cp 2
+    sbatch slurm/capstone.slurm                  # 8 processes on 2 nodes: --dp 4 --cp 2
 
 ``plan(world, dp=..., ...)`` refuses an impossible configuration in one line (sizes that do
 not multiply to the world size, heads not divisible by tp, layers by pp, experts by ep, the
@@ -10,7 +12,10 @@ sequence by 2 x cp, the batch by the data-parallel pieces) and names the runner 
 it: data parallelism alone (--zero 0: DDP, 1 and 2: ZeRO by hand, 3: FSDP2), or data
 parallelism times ONE other kind (tp, pp, cp or ep). ``run`` trains it in ``world`` CPU
 processes from the seed checkpoint on the same global batches as one process and compares
-(the 3-D pipeline x data x tensor mesh is notebook 12's ``mesh.pipeline3d``). Last line:
+(the 3-D pipeline x data x tensor mesh is notebook 12's ``mesh.pipeline3d``). Under torchrun
+(or srun) the processes of the launch are the world, on as many nodes as it has: every rank
+writes the seed checkpoint (the same bytes: init is seeded per parameter) to its own
+temporary directory, so no shared file system is needed. Last line:
 
     summary: world=W dp=.. tp=.. pp=.. cp=.. ep=.. zero=Z loss_diff=L weight_diff=D
 """
@@ -22,10 +27,12 @@ import tempfile
 from source_code.capstone import runners_combo, runners_dp, runners_model, seed
 from source_code.capstone.matrix import measure, references
 from source_code.cli import Parser, nonnegative_int, positive_int
+from source_code.distributed import print0, ranks_from_env, session
 from source_code.errors import LaunchError, run_main
 
 SIZES = ("dp", "tp", "pp", "cp", "ep")
 SEQ = 32                        # tokens of the sort task
+LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.capstone.choose --dp 2 --cp 2"
 
 
 def plan(world: int, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
@@ -112,7 +119,8 @@ def summary_line(r: dict) -> str:
 
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--world", type=positive_int, default=4, help="processes to start")
+    p.add_argument("--world", type=positive_int, default=None,
+                   help="processes to start (default 4; under torchrun: the launch's)")
     for name in SIZES:
         p.add_argument(f"--{name}", type=positive_int, default=1)
     p.add_argument("--zero", type=nonnegative_int, default=0, help="0 DDP, 1/2 ZeRO, 3 FSDP2")
@@ -120,11 +128,29 @@ def main(argv=None):
     p.add_argument("--batch-size", type=positive_int, default=8)
     args = p.parse_args(argv)
     sizes = {k: getattr(args, k) for k in (*SIZES, "zero")}
-    print(f"configuration: {plan(args.world, batch_size=args.batch_size, **sizes)}")
-    r = run(args.world, args.steps, args.batch_size, **sizes)
-    print(f"loss per step {', '.join(f'{v:.4f}' for v in r['losses'])}")
-    print(summary_line(r))
+    found = ranks_from_env()
+    if found and args.world not in (None, found[2]):
+        raise LaunchError(f"error: --world {args.world} but the launch has {found[2]} processes; "
+                          "leave --world out under torchrun")
+    world = found[2] if found else (args.world or 4)
+    described = plan(world, batch_size=args.batch_size, **sizes)
+    if found:                      # torchrun / srun: this process is one rank of the world
+        with session(launch_hint=LAUNCH) as ctx:
+            print0(f"configuration: {described} ({ctx.world_size} processes, {ctx.backend})")
+            with tempfile.TemporaryDirectory() as tmp:
+                path = seed.save_seed(os.path.join(tmp, "seed.pt"))
+                r = {**train_choice(path, args.steps, args.batch_size, seed.LR, sizes), **sizes,
+                     "world": world}
+            report_result(r)       # inside the session: print0 still knows the ranks
+    else:
+        print(f"configuration: {described}")
+        report_result(run(world, args.steps, args.batch_size, **sizes))
     return 0
+
+
+def report_result(r: dict) -> None:
+    print0(f"loss per step {', '.join(f'{v:.4f}' for v in r['losses'])}")
+    print0(summary_line(r))
 
 
 if __name__ == "__main__":
