@@ -29,9 +29,12 @@ QUIET = {"RUST_LOG": "error"}      # torchft's Rust side logs every quorum at IN
 def start_lighthouse(min_replicas: int = 1):
     os.environ.update(QUIET)
     from torchft._torchft import LighthouseServer
-    # join_timeout: how long a quorum waits for a heartbeating group that has not asked yet;
-    # heartbeat_timeout: how long a silent group counts as alive (a dead one stops beating)
-    return LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=500,
+    # heartbeat_timeout: how long a silent group counts as alive (a dead one stops beating, and
+    # after this the survivors' quorum no longer waits for it); join_timeout: how long a quorum
+    # waits for a group that still beats but has not asked yet. Short, on a loaded machine a
+    # slow but live group is left out, forms a quorum of its own, and the groups train apart
+    # (split brain: the bitwise check at the end catches it). So: long join, short heartbeat.
+    return LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=5000,
                             heartbeat_timeout_ms=1000)
 
 

@@ -78,7 +78,10 @@ def drill(world_size=3, steps=8, every=4, slow_rank=2, slow_s=0.05, hang_rank=1,
         raise ValueError("needs world_size >= 2 and every <= steps")
     out = processes.spawn(_rank_drill, world_size, steps, every, slow_rank, slow_s, hang_rank,
                           hang_timeout_s, device="cpu", stream=stream)
-    report = out[0]["report"]
+    # the hung rank's own watchdog report: taken while it still hangs (the others wait in the
+    # all-reduce for it), before the drill releases it; another rank's report may come a moment
+    # after the release and find the hung rank already in the all-reduce
+    report = out[hang_rank]["report"]
     stuck_outside = [r for r, m in (report or {}).items() if m["phase"] != "all_reduce"]
     return {"named": out[0]["named"], "gather_seconds": out[0]["gather_seconds"], "report": report,
             "hang_named": stuck_outside, "slow_rank": slow_rank, "hang_rank": hang_rank}

@@ -1,0 +1,103 @@
+"""Notebook 17's package: formulas against brute force, detection functions, one-line flag errors,
+and the comparison entry point's summary line (the notebook runs the library calls, this the CLI)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from source_code.errors import LaunchError
+from source_code.resilience import (compare, ft_run, health_drill, recovery, sdc, sdc_drill,
+                                    stragglers, young_daly)
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("c,m", [(0.03, 86400.0), (30.0, 3600.0), (600.0, 7200.0)])
+def test_young_minimises_the_first_order_waste_and_daly_is_below_it(c, m):
+    tau = young_daly.young_interval(c, m)
+    grid = [tau * (1 + k / 1000) for k in range(-500, 501)]
+    best = min(grid, key=lambda t: young_daly.waste_fraction(t, c, m))
+    assert abs(best - tau) <= tau * 1e-3
+    assert young_daly.daly_interval(c, m) == pytest.approx(tau - c)
+    assert young_daly.daly_interval(3 * m, m) == m
+
+
+def test_flip_bit_changes_one_bit_and_the_checksum():
+    t = torch.linspace(0.5, 2.0, 8)
+    before = t.clone()
+    model = torch.nn.Linear(2, 4)
+    with torch.no_grad():
+        model.weight.copy_(t.view(4, 2))
+    c0 = sdc.checksum(model)
+    sdc.flip_bit(model.weight, 7, 3)
+    diff = (model.weight.detach().view(-1).view(torch.int32) ^ before.view(torch.int32))
+    assert diff.count_nonzero() == 1 and int(diff[7]) == 8
+    assert sdc.checksum(model) != c0
+
+
+def test_name_stragglers():
+    assert stragglers.name_stragglers([0.010, 0.011, 0.060]) == [2]
+    assert stragglers.name_stragglers([0.010, 0.011, 0.012]) == []
+    with pytest.raises(ValueError):
+        stragglers.name_stragglers([1.0], factor=1.0)
+
+
+def _ev(t, **kw):
+    return {"t": t, **kw}
+
+
+def test_recovery_metrics_on_made_up_logs():
+    events = {0: [_ev(1.0 * s, event="step", attempt=0, before=s - 1, step=s, committed=True) for s in range(1, 6)]
+              + [_ev(5.5, event="step", attempt=0, before=5, step=5, committed=False),
+                 _ev(6.0, event="step", attempt=0, before=5, step=6, committed=True),
+                 _ev(9.0, event="end", digest="x", eval_loss=1.0, step=6)],
+              1: [_ev(3.0, event="kill", step=3), _ev(5.8, event="step", attempt=1, before=0, step=6, committed=True),
+                  _ev(9.0, event="end", digest="x", eval_loss=1.0, step=6)]}
+    m = recovery.ft_metrics(events, victim=1)
+    assert (m["steps_lost"], m["discarded"], m["healed_from_peer"], m["bitwise_equal"]) == (0, 1, True, True)
+    assert m["seconds_without_progress"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("main,argv,phrase", [
+    (compare.main, ["--kill-at-step", "16", "--snapshot-every", "8"], "falls on a snapshot step"),
+    (compare.main, ["--steps", "5", "--kill-at-step", "9"], "below --steps"),
+    (ft_run.main, ["--replicas", "1"], "live peer"),
+    (sdc_drill.main, ["--world-size", "2"], "majority"),
+    (health_drill.main, ["--every", "9", "--steps", "8"], "--every"),
+    (young_daly.main, ["--snapshot-seconds", "-1"], "positive"),
+])
+def test_bad_flags_are_refused_in_one_line(main, argv, phrase):
+    with pytest.raises(LaunchError) as err:
+        main(argv)
+    assert phrase in err.value.message and "\n" not in err.value.message
+
+
+def test_compare_entry_point_summary_line():
+    out = subprocess.run([sys.executable, "-m", "source_code.resilience.compare", "--steps", "24",
+                          "--kill-at-step", "6", "--snapshot-every", "4"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    match = re.search(r"ft_steps_lost=(\d+) restart_steps_lost=(\d+) heal_bitwise_equal=(\d) "
+                      r"sdc_detected_rank=(-?\d+)$", last)
+    assert out.returncode == 0 and match, last
+    assert match.groups() == ("0", "2", "1", "1"), last
+
+
+def test_reshard_3_to_2_sees_every_sample_of_the_epoch_exactly_once():
+    from source_code.resilience import reshard
+    r = reshard.drill(before=3, after=2, steps_before=5, batch_size=24)
+    assert r["seen"] == r["unique"] == r["expected"] == 1008, r
+    assert r["consumed_before"] == 120
+
+
+def test_a_per_rank_position_would_not_carry_over():
+    """The negative control: the same global batches, split by rank, depend on the world size."""
+    from source_code.resilience.reshard import EpochPosition
+    three, two = EpochPosition(48, 12), EpochPosition(48, 12)
+    assert three.next_indices(0, 3) != two.next_indices(0, 2)
+    assert sorted(sum((EpochPosition(48, 12).next_indices(r, 3) for r in range(3)), [])) == \
+        sorted(sum((EpochPosition(48, 12).next_indices(r, 2) for r in range(2)), []))
