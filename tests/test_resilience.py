@@ -76,15 +76,10 @@ def test_bad_flags_are_refused_in_one_line(main, argv, phrase):
     assert phrase in err.value.message and "\n" not in err.value.message
 
 
-def test_compare_entry_point_summary_line():
-    out = subprocess.run([sys.executable, "-m", "source_code.resilience.compare", "--steps", "24",
-                          "--kill-at-step", "6", "--snapshot-every", "4"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
-    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
-    match = re.search(r"ft_steps_lost=(\d+) restart_steps_lost=(\d+) heal_bitwise_equal=(\d) "
-                      r"sdc_detected_rank=(-?\d+)$", last)
-    assert out.returncode == 0 and match, last
-    assert match.groups() == ("0", "2", "1", "1"), last
+# The entry point's run itself (restart vs torchft, the bit flip) is notebook 17's first
+# experiment: nbval executes it once and asserts its summary line there (ft_steps_lost=0,
+# restart_steps_lost >= 1, heal_bitwise_equal=1, the flipped rank named); running it again
+# here would cost the suite another minute for the same processes.
 
 
 def test_reshard_3_to_2_sees_every_sample_of_the_epoch_exactly_once():
