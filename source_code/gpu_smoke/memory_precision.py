@@ -26,8 +26,34 @@ def memory_precision(env: Env, check: Check) -> str:
     return text
 
 
+def allocator(env: Env, check: Check) -> str:
+    """Growing requests: the default caching allocator reserves far more than it allocates;
+    expandable_segments keeps the two close (each setting in its own process)."""
+    s = parse_records(env.launch(check), "summary")[-1]
+    default, expandable = s["default_reserved_over_allocated"], s["expandable_reserved_over_allocated"]
+    assert default > 1.5 and expandable < default, s
+    return f"reserved / allocated: default {default:.2f}, expandable_segments {expandable:.2f}"
+
+
+def offload(env: Env, check: Check) -> str:
+    """save_on_cpu on a GPU: every packed tensor really copied to pinned host memory, the
+    gradients as the plain step's, the activations out of GPU memory."""
+    out = env.launch(check)
+    s = parse_records(out, "summary")[-1]
+    assert str(s["device"]).startswith("cuda") and s["pin_memory"] in (True, "True"), s
+    assert s["copied_bytes"] == s["packed_bytes"] > 0 and s["max_abs_grad_diff"] <= 1e-6, s
+    assert s["peak_offload_mib"] < s["peak_plain_mib"], s
+    return (f"{s['copied_bytes'] / 2**20:.2f} MiB copied to pinned host memory, peak "
+            f"{s['peak_plain_mib']:.1f} -> {s['peak_offload_mib']:.1f} MiB, grad diff "
+            f"{s['max_abs_grad_diff']:.1e}, {s['time_ratio']:.2f}x the step time")
+
+
 CHECKS = [
     Check("memory_precision", 1, (Run("python", "source_code.memory.report",
                                       ("--device", "auto", "--snapshot", f"{TMP}/memory_timeline.png")),),
           memory_precision, gpu_only="the caching allocator's peak and its snapshot need a GPU"),
+    Check("allocator", 1, (Run("python", "source_code.memory.allocator"),), allocator,
+          gpu_only="reserved vs allocated is the CUDA caching allocator's"),
+    Check("offload", 1, (Run("python", "source_code.memory.offload", ("--device", "auto")),), offload,
+          gpu_only="save_on_cpu moves nothing on a CPU"),
 ]

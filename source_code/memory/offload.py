@@ -144,7 +144,10 @@ def main(argv=None):
     print(f"summary: device={device} pin_memory={r['pin_memory']} activation_bytes={r['activation_bytes']} "
           f"packed_bytes={r['packed']} packed_param_bytes={r['packed_params']} copied_bytes={r['copied']} "
           f"max_abs_grad_diff={r['max_abs_grad_diff']:.1e} time_ratio={r['time_ratio']:.2f}{peaks}")
-    return 0 if r["max_abs_grad_diff"] == 0 else 1
+    # bitwise on a CPU; on a GPU within rounding (3e-8 on an H200): the GPU's kernels need not
+    # add in the same order in the offloaded step as in the plain one
+    tolerance = 0.0 if device.type == "cpu" else 1e-6
+    return 0 if r["max_abs_grad_diff"] <= tolerance else 1
 
 
 if __name__ == "__main__":
