@@ -46,6 +46,7 @@ ENTRY_POINTS = [
     ("09", T, 2, "source_code.sharding.train", "--epochs 1 --max-steps 3 --checkpoint TMP/dcp"),
     ("09", T, 4, "source_code.sharding.fsdp_demo", ""),
     ("09", P, 1, "source_code.sharding.memory_report", "--world-sizes 1 2"),
+    ("09", T, 4, "source_code.sharding.own_fsdp_report", ""),
     ("10", T, 2, "source_code.pipeline.train", "--schedule 1f1b --epochs 1 --max-steps 4"),
     ("10", T, 2, "source_code.pipeline.train", "--schedule lib-gpipe --epochs 1 --max-steps 4"),
     ("10", T, 2, "source_code.pipeline.train", "--schedule lib-1f1b --epochs 1 --max-steps 4"),
@@ -68,6 +69,11 @@ ENTRY_POINTS = [
     ("16", T, 2, "source_code.frameworks.accelerate_train", "--epochs 1 --max-steps 4"),
     ("16", T, 2, "source_code.frameworks.deepspeed_train", "--epochs 1 --max-steps 4 --zero-stage 2"),
     ("16", T, 2, "source_code.frameworks.deepspeed_train", "--epochs 1 --max-steps 4 --zero-stage 3"),
+    ("17", P, 1, "source_code.resilience.compare", "--steps 24 --kill-at-step 6 --snapshot-every 4"),
+    ("17", P, 1, "source_code.resilience.health_drill", "--world-size 3 --slow-rank 2 --hang-rank 1"),
+    ("18", T, 2, "source_code.less_communication.train", "--steps 8 --every 4 --sweep 2 --fragments 2"),
+    ("19", P, 1, "source_code.capstone.matrix", ""),
+    ("19", T, 4, "source_code.capstone.choose", "--dp 2 --cp 2"),
 ]
 NEEDS = {"lightning_train": "lightning", "accelerate_train": "accelerate", "deepspeed_train": "deepspeed"}
 # an exit status 0 is not enough where a script could end well and still be wrong
