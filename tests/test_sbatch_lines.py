@@ -63,6 +63,8 @@ def module_of(env: dict, script: str) -> str:
         return "frameworks"
     if script.endswith("tp_dp_2d.slurm"):
         return "source_code.mesh.train_2d"
+    if script.endswith("capstone.slurm"):   # its own module and sizes (a few steps already)
+        return "source_code.capstone.choose"
     return env.get("TRAIN_MODULE", "source_code.training.ddp")
 
 
