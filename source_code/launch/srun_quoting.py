@@ -11,7 +11,8 @@ that task's value.
 ``in_job_script(line, tasks)`` runs ``line`` through a real bash, as a batch script would, with
 ``srun`` replaced by a function that starts its command once per task with that task's
 ``SLURM_PROCID``, ``SLURM_LOCALID`` and ``SLURM_NODEID``, one after the other: the quoting is bash's own, only the
-scheduler is pretended. ``on_cluster(line, tasks)`` runs the same line in a real job.
+scheduler is pretended. ``on_cluster(line, tasks)`` runs the same line in a real job and sorts
+its lines, since real tasks finish in any order.
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def in_job_script(line: str, nodes: int = 1, tasks_per_node: int = 2) -> list[st
 
 
 def on_cluster(line: str, nodes: int = 1, tasks_per_node: int = 2, timeout: float = 120) -> list[str]:
-    """The same line in a real batch job on the local cluster (jobs.py)."""
+    """The same line in a real batch job on the local cluster (jobs.py). The tasks of a real step
+    run at once and write in whichever order they finish, so the lines come back sorted."""
     from source_code.launch import jobs
     with tempfile.TemporaryDirectory(prefix="srun-quoting-") as tmp:
         script = Path(tmp) / "line.sh"
@@ -74,7 +76,7 @@ def on_cluster(line: str, nodes: int = 1, tasks_per_node: int = 2, timeout: floa
                                                        "-o", f"{tmp}/%j.out"])
         info = jobs.wait(job_id, timeout=timeout)
         out = Path(info.get("StdOut", ""))
-        return out.read_text().splitlines() if out.is_file() else []
+        return sorted(out.read_text().splitlines()) if out.is_file() else []
 
 
 def main(argv=None) -> None:
