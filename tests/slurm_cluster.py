@@ -115,6 +115,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# a requeued job waits for its begin time, then for the next scheduling pass (default every 60 s)
+SchedulerParameters=sched_interval=5,bf_interval=5
 MpiDefault=none
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none

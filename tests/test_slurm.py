@@ -131,16 +131,17 @@ def test_fault_tolerant_main_job_restarts_and_resumes(submit, tmp_path):
 
 
 def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(submit, tmp_path):
-    # 2-minute limit, USR1 60 s before it: an early USR1 (Slurm's timer; the stale one a requeued
-    # run gets at its start) arms a timer for 60 s before the limit; the trap waits for the epoch
-    # in progress to be saved, then requeues: same id, same log (--open-mode=append). Every run
-    # trains for about a minute minus its start-up; 3600 epochs of one step take 90-180 s here
-    # (2-4 runs; 1800 once finished in 48 s, inside the first run, and nothing was requeued).
-    ckpt, epochs = tmp_path / "snap.pt", 3600
+    # 1-minute limit, USR1 40 s before it: an early USR1 (Slurm's timer may send it up to a minute
+    # early; a requeued run gets a stale one at its start) arms a timer for 40 s before the limit;
+    # the trap waits for the epoch in progress to be saved, then requeues: same id, same log
+    # (--open-mode=append). Every run trains for its first 20 s minus its start-up (10-15 s), and a
+    # requeued run starts again 16-21 s later (cred_expire and sched_interval, slurm_cluster.py);
+    # an epoch of one step takes 0.03-0.08 s here, so 400 epochs need 2-4 runs.
+    ckpt, epochs = tmp_path / "snap.pt", 400
     job = submit("ddp_fault_tolerant.slurm", "--epochs", str(epochs), "--max-steps", "1",
-                 env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "20",
-                      "REQUEUE_LEAD": "60"},
-                 sbatch_args=["--time=2", "--signal=B:USR1@60"], timeout=1200)
+                 env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "10",
+                      "REQUEUE_LEAD": "40"},
+                 sbatch_args=["--time=1", "--signal=B:USR1@40"], timeout=900)
     assert job.ok, job.output
     assert job.restarts >= 1 and "run 2 of job" in job.output
     assert re.search(r"time limit near: stopping the training after waiting \d+s", job.output)

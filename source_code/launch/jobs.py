@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-WAITING = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+# states of a job that has not ended (SIGNALING: a --signal is being delivered, e.g. the warning a
+# requeued run gets at its start)
+WAITING = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "RESIZING",
+           "SUSPENDED", "SIGNALING", "STAGE_OUT")
 
 
 @dataclass
