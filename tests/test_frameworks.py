@@ -1,11 +1,11 @@
 """Lightning, Accelerate and DeepSpeed against the plain DDP script (source_code/frameworks/).
 
-The same model, seed and SGD for 4 epochs on 2 processes: Lightning (DDP and fully_shard
-through ModelParallelStrategy), DeepSpeed ZeRO-1/2/3 and Accelerate given the plain script's
-loader (--batches sampler) take the plain script's batches, so their weights must equal its
-weights up to rounding; Accelerate's own sharding gives other batches (test_frameworks_batches.py
-counts how), so it must reach the plain script's held-out accuracy within a tolerance. Every
-launch exits 0.
+The same model, seed and SGD for 4 epochs on 2 processes: Lightning's fully_shard (through
+ModelParallelStrategy) and DeepSpeed ZeRO-1 take the plain script's batches, so their weights
+must equal its weights up to rounding. Notebook 16 (run by nbval in the same suite) launches
+Lightning DDP, Accelerate with and without the plain script's loader and DeepSpeed ZeRO-2 and
+ZeRO-3 against the plain script and asserts the same equalities and accuracies: they are not
+launched a second time here. Every launch exits 0.
 """
 import json
 
@@ -15,7 +15,6 @@ from source_code.frameworks import compare
 
 EPOCHS = "4"
 WEIGHT_TOL = 1e-5      # rounding only: sums in another order, 92 SGD steps with momentum
-ACCURACY_TOL = 0.03    # other batches, same number of steps: 0.03 = 11 of 360 held-out digits
 
 
 def launch(name, path, *args):
@@ -33,13 +32,9 @@ def plain(tmp_path_factory):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("name, args", [
-    ("Lightning", ["--strategy", "ddp"]),
     ("Lightning", ["--strategy", "model-parallel"]),
     ("DeepSpeed", ["--zero-stage", "1"]),
-    ("DeepSpeed", ["--zero-stage", "2"]),
-    ("DeepSpeed", ["--zero-stage", "3"]),
-    ("Accelerate", ["--batches", "sampler"]),
-], ids=["lightning-ddp", "lightning-fully-shard", "zero-1", "zero-2", "zero-3", "accelerate-plain-batches"])
+], ids=["lightning-fully-shard", "zero-1"])
 def test_same_steps_same_weights_as_plain_ddp(plain, tmp_path, name, args):
     base, base_path = plain
     res = launch(name, tmp_path / "w.pt", *args)
@@ -48,16 +43,6 @@ def test_same_steps_same_weights_as_plain_ddp(plain, tmp_path, name, args):
     print(f"{name} {args}: max |w - w_ddp| = {diff:.2e}, accuracy {res['accuracy']} vs {base['accuracy']}")
     assert diff <= WEIGHT_TOL
     assert abs(res["accuracy"] - base["accuracy"]) <= 1 / 360 + 1e-9  # at most one digit flips
-
-
-@pytest.mark.parity
-def test_accelerate_reaches_plain_accuracy(plain, tmp_path):
-    base, _ = plain
-    res = launch("Accelerate", tmp_path / "w.pt")
-    assert res["world_size"] == 2 and res["steps"] == compare.steps_of(base)
-    print(f"Accelerate accuracy {res['accuracy']} vs plain {base['accuracy']}")
-    assert res["accuracy"] >= base["accuracy"] - ACCURACY_TOL
-    assert res["loss"] < 0.5
 
 
 def test_accelerate_trap_fails_in_one_line(torchrun):
