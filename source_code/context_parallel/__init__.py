@@ -1,4 +1,5 @@
-"""Context parallelism: one long sequence split across ranks, ring attention, zigzag layout.
+"""Context parallelism: one long sequence split across ranks, ring attention, zigzag layout,
+and the two other families (all-gather of K/V, Ulysses).
 
 Lesson files (notebook 13), in reading order:
 * layout.py    -- which tokens a rank holds (contiguous or zigzag), the sequence-length rule,
@@ -11,12 +12,18 @@ Lesson files (notebook 13), in reading order:
 * ring.py      -- ring attention forward and backward as one autograd Function
 * model.py     -- a TransformerLM block with its attention core exchangeable
 * costs.py     -- bytes by formula, the alpha-beta time of a hop, what each mesh dimension sends
+* collectives.py -- all-gather / reduce-scatter of the sequence and the all-to-alls between
+                  sequence- and head-sharded tensors, each with its backward
+* families.py  -- all-gather CP (Llama 3) and Ulysses (DeepSpeed) beside the ring
+* overlap.py   -- when a ring hop hides behind the attention: the tokens per rank c*, with
+                  the datasheet rates of an H100 node (NVLink) and InfiniBand
 * library.py   -- torch.distributed.tensor.experimental.context_parallel on the same inputs
 
 Harness, measurements, checks:
 * probes.py    -- measuring from outside: a Ring that records every transfer, a kernel
                   wrapper that times block attention and counts the entries it scored
 * harness.py   -- parity with full attention on one process, per rank
+* family_check.py -- the three families side by side: parity, bytes per rank, memory per rank
 * memory.py    -- activation bytes of a block as the sequence grows, with and without CP
 * timing.py    -- step times of the layouts, overlapped vs serialized transfers, a size sweep
 * compare.py   -- entry point: parity on 2 and 4 processes, work per rank, the library

@@ -8,6 +8,15 @@ activations and G = M in fp32.
     forward:   n-1 hops of K and V                   (n-1) x 2M
     backward:  n-1 hops of K and V, n hops of dK/dV  (n-1) x 2M + n x 2G
 
+The other two families (families.py), same M:
+
+    all-gather:  forward all-gather of K and V       (n-1)/n x n x 2M = (n-1) x 2M
+                 backward reduce-scatter of dK, dV   (n-1) x 2M (in the gradients' dtype)
+    Ulysses:     forward all-to-all of q, k, v and one back of the output: 4 x (n-1)/n x M
+                 backward the same four in reverse:                         4 x (n-1)/n x M
+
+(a collective's bytes as a bandwidth-optimal algorithm sends them per rank, measure.CommCounter).
+
 Each hop is one message to the next rank; with the alpha-beta model of notebook 03
 (costmodel.model_time) a hop costs alpha + 2M / beta, and it is hidden when the attention of
 one block takes longer. ``mesh_traffic`` lists per rank and per layer what each dimension of
@@ -25,6 +34,17 @@ def ring_bytes(kv_bytes: int, world: int, grad_bytes: int | None = None) -> dict
     hops = world - 1
     grad = kv_bytes if grad_bytes is None else grad_bytes
     return {"forward": hops * 2 * kv_bytes, "backward": hops * 2 * kv_bytes + (world * 2 * grad if world > 1 else 0)}
+
+
+def allgather_bytes(kv_bytes: int, world: int) -> dict:
+    """Bytes one rank sends per attention layer with all-gather CP (fp32 gradients: kv_bytes)."""
+    return {"forward": (world - 1) * 2 * kv_bytes, "backward": (world - 1) * 2 * kv_bytes}
+
+
+def ulysses_bytes(kv_bytes: int, world: int) -> dict:
+    """Bytes one rank sends per attention layer with Ulysses (q, k, v, out are kv_bytes each)."""
+    each = 4 * (world - 1) * kv_bytes / world
+    return {"forward": each, "backward": each}
 
 
 def hop_time(kv_bytes: int, alpha: float, beta: float) -> float:
