@@ -3,6 +3,9 @@
 Starts `python -m jupyterlab` on a free port with a random token, checks that its contents
 API lists every numbered notebook, runs one cell of notebook 06 through a kernel the
 server starts (REST + websocket channels, as the browser does), and shuts everything down.
+A real browser (tests/browser.py) opens what `make lab` prints: the start page rendered, no
+pop-up, the notebooks' names in the file browser, and a notebook opened from the start page's
+link starts its kernel without being marked modified (else autosave rewrites the tracked file).
 """
 from __future__ import annotations
 
@@ -22,7 +25,10 @@ import pytest
 import requests
 import websocket  # websocket-client, a dependency of jupyter_server
 
-from source_code.lab import command as lab_command
+from source_code.lab import START_PAGE, command as lab_command
+
+sys.path.insert(0, str(Path(__file__).parent))
+import browser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -51,6 +57,9 @@ def lab(tmp_path):
     log = tmp_path / "jupyterlab.log"
     cmd = lab_command(port, token)  # what `make lab` runs: the repository as the lab's root
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           # a fresh learner: no settings or workspace of an earlier lab
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"token {token}"}
@@ -182,3 +191,61 @@ def test_jupyterlab_lists_notebooks_and_runs_a_cell(lab):
         if ws is not None:
             ws.close()
         requests.delete(f"{base}/api/kernels/{kernel_id}", headers=headers, timeout=30)
+
+
+# ------------------------------------------------------------------ the first screen, in a browser
+OPENED_NOTEBOOK = "05_ddp.ipynb"
+LINK_TEXT = "05 · DistributedDataParallel (DDP)"
+
+
+def _wait(d, what: str, condition, timeout: float = 60):
+    from selenium.webdriver.support.ui import WebDriverWait
+    try:
+        return WebDriverWait(d, timeout, poll_frequency=0.25).until(lambda drv: condition(drv))
+    except Exception:
+        shot = Path(os.environ.get("TMPDIR", "/tmp")) / "jupyterlab-failed.png"
+        d.save_screenshot(str(shot))
+        pytest.fail(f"the lab did not show {what} within {timeout:.0f} s (screenshot: {shot})")
+
+
+def test_lab_opens_on_the_start_page_and_reading_a_notebook_changes_nothing(lab, tmp_path):
+    reason = browser.why_not_possible()
+    if reason:
+        pytest.skip(reason)
+    from selenium.webdriver.common.by import By
+    base, token, headers = lab
+    notebook = NOTEBOOKS / OPENED_NOTEBOOK
+    before = notebook.read_bytes()
+    d = browser.driver(1400, 900)
+    try:
+        d.get(f"{base}/?token={token}")   # what a learner opens: the default page
+        title = _wait(d, "the rendered start page", lambda drv: next(
+            (h for h in drv.find_elements(By.CSS_SELECTOR, ".jp-RenderedMarkdown h1") if h.text == "Start here"), None))
+        assert title.is_displayed()
+        assert d.current_url.split("?")[0].endswith(START_PAGE), d.current_url
+        names = _wait(d, "the notebooks in the file browser", lambda drv: [
+            e for e in drv.find_elements(By.CSS_SELECTOR, ".jp-DirListing-itemText")
+            if e.text.endswith(".ipynb")] or None)
+        assert {e.text for e in names} >= {p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+        assert not d.find_elements(By.CSS_SELECTOR, ".jp-id-modified"), "the Modified column takes the names' width"
+        d.save_screenshot(str(tmp_path / "first-screen.png"))
+
+        # the start page's link opens the notebook; its kernel starts and goes idle
+        link = next(a for a in d.find_elements(By.CSS_SELECTOR, ".jp-RenderedMarkdown a") if a.text == LINK_TEXT)
+        link.click()
+        _wait(d, f"{OPENED_NOTEBOOK} with its kernel idle", lambda drv: any(
+            "Idle" in e.text for e in drv.find_elements(By.CSS_SELECTOR, ".jp-StatusBar-TextItem")))
+        time.sleep(2)   # what the lab writes into the notebook when its kernel connects has arrived
+        tab = next(t for t in d.find_elements(By.CSS_SELECTOR, ".lm-DockPanel-tabBar .lm-TabBar-tab")
+                   if t.text == OPENED_NOTEBOOK)
+        assert "jp-mod-dirty" not in tab.get_attribute("class"), \
+            "opening the notebook marked it modified: its kernelspec or language_info differs from the kernel's"
+        toasts = [t.text for t in d.find_elements(By.CSS_SELECTOR, ".Toastify__toast")]
+        assert not toasts, f"a pop-up on the first screen: {toasts}"
+        severe = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, severe
+        d.save_screenshot(str(tmp_path / "notebook.png"))
+        print(f"screenshots: {tmp_path}/first-screen.png, {tmp_path}/notebook.png")
+    finally:
+        d.quit()
+    assert notebook.read_bytes() == before

@@ -101,3 +101,10 @@ def test_time_check_catches_a_missing_or_wrong_estimate(tmp_path):
                                  ("# about 20 s on 2 CPU cores\nrun()", 5, True), ("run()", 9, False)]:
         nb.write_text(json.dumps({"cells": [cell(source, seconds)]}))
         assert bool(time_problems(nb)) == bad, (source, seconds)
+
+
+def test_the_start_page_links_every_notebook_in_order_under_its_title():
+    start = (NOTEBOOKS[0].parent / "START_HERE.md").read_text()
+    linked = re.findall(r"^\d+\. \[(.+)\]\((\d\d_\w+\.ipynb)\)$", start, re.M)
+    titles = [text(cells(p)[0]).splitlines()[0].lstrip("# ").strip() for p in NOTEBOOKS]
+    assert linked == list(zip(titles, [p.name for p in NOTEBOOKS])), linked
