@@ -1,0 +1,44 @@
+"""The course plan (notebooks/COURSE_PLAN.md) is what source_code/course_plan.py builds from the
+notebooks as they are, and every agenda it builds is a day a course can keep."""
+import json
+import re
+
+import pytest
+
+from source_code import course_plan
+from source_code.errors import LaunchError
+
+
+def test_the_page_is_built_from_the_notebooks_as_they_are():
+    assert course_plan.PAGE.read_text() == course_plan.page(), \
+        "notebooks/COURSE_PLAN.md is stale: python -m source_code.course_plan --write"
+
+
+@pytest.mark.parametrize("course", list(course_plan.COURSES))
+def test_every_notebook_is_presented_once_or_left_for_self_study(course):
+    nbs = course_plan.notebooks()
+    days = course_plan.COURSES[course]
+    presented = [n for day in days for n in day]
+    assert len(presented) == len(set(presented)) and set(presented) <= set(nbs)
+    for day in days:
+        assert day == sorted(day), f"{course}: a day goes in teaching order"
+        rows, taught = course_plan.day_agenda(day, nbs)
+        times = [int(h) * 60 + int(m) for h, m in re.findall(r"^\| (\d\d):(\d\d) \|", "\n".join(rows), re.M)]
+        assert times == sorted(times) and times[-1] <= course_plan.DAY_END + course_plan.OVERRUN, rows
+        assert taught == sum(int(m) for m in re.findall(r"\| (\d+) min \|$", "\n".join(rows[:-2]), re.M))
+        assert sum("*lunch*" in r for r in rows) == (1 if times[-1] > 13 * 60 else 0), rows
+        lunch = next((i for i, r in enumerate(rows) if "*lunch*" in r), None)
+        if lunch is not None:   # an hour at least before the afternoon starts
+            assert times[lunch + 1] - times[lunch] >= 60, rows
+
+
+def test_a_day_too_long_and_a_notebook_without_its_time_are_refused(tmp_path, monkeypatch):
+    nbs = course_plan.notebooks()
+    with pytest.raises(LaunchError, match="move a notebook to another day"):
+        course_plan.day_agenda(sorted(nbs), nbs)
+    nb = {"cells": [{"cell_type": "markdown", "source": ["# 00 · A notebook\n", "No time said."]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "00_a.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setattr(course_plan, "NOTEBOOKS", tmp_path)
+    with pytest.raises(LaunchError, match="00_a.ipynb states no instructor-led time"):
+        course_plan.notebooks()
