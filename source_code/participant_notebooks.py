@@ -1,0 +1,114 @@
+"""The participants' set of notebooks: the same sources, the exercises' stored outputs cleared and
+the cells that run the reference solutions left out.
+
+    make participant-notebooks                                  # into participant-notebooks/
+    python -m source_code.participant_notebooks --out /course/notebooks
+
+An instructor hands this set out (or copies it into the course's shared directory) instead of
+notebooks/: every other cell keeps its stored outputs and figures, so a participant can read a
+notebook before running it; an exercise cell (the one with the `TODO`) comes without what it
+printed, and the collapsed cell that runs the reference solution through the same check is
+replaced by a one-line note, as is a later cell that needs what only that cell defined (06 runs
+the reference line on the cluster). The check functions stay in source_code/ (they never
+import the solutions).
+START_HERE.md comes along. The folder must not exist yet: nothing a participant wrote there is
+ever overwritten.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from source_code.cli import Parser
+from source_code.errors import LaunchError, run_main
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+ALSO = ["START_HERE.md"]
+NOTE = ("*In the instructor's copy, a collapsed cell here runs the reference solution (or what "
+        "needs it) through the same check.*")
+
+
+def is_exercise(cell: dict) -> bool:
+    return cell["cell_type"] == "code" and "TODO" in "".join(cell["source"])
+
+
+def is_reference(cell: dict) -> bool:
+    """The collapsed cell that runs a reference solution (tests/test_notebook_anatomy.py keeps
+    every such cell collapsed)."""
+    return (cell["cell_type"] == "code" and "source_code.solutions" in "".join(cell["source"])
+            and bool(cell["metadata"].get("jupyter", {}).get("source_hidden")))
+
+
+def names(cell: dict) -> tuple[set[str], set[str]]:
+    """(names the cell defines, names it reads) of a code cell, by its syntax tree."""
+    src = "\n".join(ln for ln in "".join(cell["source"]).splitlines() if not ln.lstrip().startswith(("%", "!")))
+    defined, read = set(), set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.Name):
+            (defined if isinstance(node.ctx, ast.Store) else read).add(node.id)
+    return defined, read
+
+
+def participant_copy(nb: dict) -> tuple[dict, int, int]:
+    """(the notebook for participants, exercise cells cleared, cells replaced by the note)."""
+    cells, cleared, replaced, missing = [], 0, 0, set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            defined, read = names(cell)
+            if is_reference(cell) or (read - defined) & missing:
+                missing |= defined
+                cells.append({"cell_type": "markdown", "id": cell.get("id", f"note{replaced}"),
+                              "metadata": {}, "source": [NOTE]})
+                replaced += 1
+                continue
+            missing -= defined
+        if is_exercise(cell):
+            cell = {**cell, "outputs": [], "execution_count": None,
+                    "metadata": {k: v for k, v in cell["metadata"].items() if k != "execution"}}
+            cleared += 1
+        cells.append(cell)
+    return {**nb, "cells": cells}, cleared, replaced
+
+
+def build(out: Path, sources: Path = NOTEBOOKS) -> list[str]:
+    """Write the set into ``out`` (which must not exist); one line per notebook."""
+    if out.exists():
+        raise LaunchError(f"error: {out} exists; choose another --out or move it away first "
+                          f"(nothing a participant wrote is overwritten)")
+    paths = sorted(sources.glob("[0-9][0-9]_*.ipynb"))
+    if not paths:
+        raise LaunchError(f"error: no numbered notebooks in {sources}")
+    out.mkdir(parents=True)
+    lines = []
+    for path in paths:
+        nb, cleared, dropped = participant_copy(json.loads(path.read_text()))
+        (out / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        lines.append(f"{path.name}: {cleared} exercise cell(s) cleared, {dropped} cell(s) left to the instructor's copy")
+    for name in ALSO:
+        if (sources / name).exists():
+            (out / name).write_text((sources / name).read_text())
+    return lines
+
+
+def main(argv=None) -> None:
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "participant-notebooks",
+                   help="a folder that does not exist yet (default: participant-notebooks/)")
+    args = p.parse_args(argv)
+    lines = build(args.out)
+    print("\n".join(lines))
+    print(f"participants' set: {args.out} ({len(lines)} notebooks)")
+
+
+if __name__ == "__main__":
+    run_main(main)
