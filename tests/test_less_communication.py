@@ -1,8 +1,9 @@
 """Notebook 18 (source_code/less_communication): what nbval does not cover.
 
 The exercise's check with the reference and typical wrong answers, the entry point's flags
-refused in one line before any work, its summary line once (tiny sizes), and the link model's
-arithmetic. The notebook itself (every method's run and its asserts) runs under nbval."""
+refused in one line before any work, its summary line once (the size where the bytes goals are
+met, the only multi-process test here), and the link model's arithmetic. The notebook itself (every method's run and its asserts) runs under nbval."""
+import os
 import re
 import subprocess
 import sys
@@ -10,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from source_code import costmodel
+from source_code import costmodel, workload
 from source_code.errors import LaunchError
-from source_code.less_communication import exercises, links, streaming, train
+from source_code.less_communication import compression, exercises, links, streaming, train
 from source_code.less_communication.exercises import ExerciseFailed, check_outer_step
 from source_code.solutions.nb18_less_communication import outer_step
 
@@ -111,6 +112,7 @@ def test_check_draws_cases_the_notebook_never_prints():
     (["--fragments", "3"], "does not split into --fragments 3"),
     (["--batch", "33"], "use a multiple of 2"),
     (["--rank", "0"], "positive integer"),
+    (["--delay", "20"], "must be in [0, --every 20)"),
 ])
 def test_bad_flags_are_refused_in_one_line(argv, words):
     with pytest.raises(LaunchError) as err:
@@ -141,15 +143,26 @@ def test_fragments_cover_the_model_in_order():
         assert [id(p) for g in groups for p in g] == [id(p) for p in params]
 
 
-def test_entry_point_prints_the_summary_line():
+def test_entry_point_meets_the_bytes_goals_at_dim_64_and_not_the_quality_goal():
+    """The run the notebook documents (section 3): at dim 64, rank 2, 120 steps PowerSGD and
+    DiLoCo meet the bytes goals (P <= 0.1, D <= 0.05) and DiLoCo's loss gap does not meet
+    G <= 0.05 on this task; P is also the model's shapes' count. About 30 s on 2 cores."""
+    steps, rank, dim = 120, 2, 64
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "source_code.less_communication.train", "--steps", "8", "--every", "4", "--sweep", "2",
-           "--fragments", "2", "--dim", "16", "--batch", "8"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+           "-m", "source_code.less_communication.train", "--goals-only", "--dim", str(dim),
+           "--rank", str(rank), "--steps", str(steps)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     last = res.stdout.strip().splitlines()[-1]
-    m = re.search(r"^summary: .* powersgd_bytes_ratio=(\S+) diloco_bytes_ratio=(\S+) diloco_loss_gap=(\S+)$", last)
+    m = re.search(r"^summary: .*methods=4 .* powersgd_bytes_ratio=(\S+) diloco_bytes_ratio=(\S+) diloco_loss_gap=(\S+)$", last)
     assert m, last
-    assert abs(float(m[2]) - 1 / 4) < 0.01, last       # one model all-reduce every 4 steps
-    assert 0 < float(m[1]) < 1, last
+    p, d, g = map(float, m.groups())
+    model = workload.build_model(workload.model_config(dim=dim, n_layers=2, vocab_size=workload.SORT_VOCAB,
+                                                       max_len=32), 0)
+    n = sum(t.numel() for t in model.parameters())
+    k = sum(rank * (t.shape[0] + t[0].numel()) if compression.compressible(t.shape, rank) else t.numel()
+            for t in model.parameters())
+    assert p == pytest.approx((2 * n + (steps - 2) * k) / (steps * n), abs=1e-4), last
+    assert p <= 0.1 and d <= 0.05, f"the bytes goals should be met at dim {dim}, rank {rank}: {last}"
+    assert g > 0.05, f"DiLoCo's gap met G <= 0.05 here: the notebook says it does not, update it: {last}"

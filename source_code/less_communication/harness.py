@@ -14,7 +14,10 @@ global batches of the generated sort task with each method of ``methods(settings
 
 Each step runs inside ``SlowLink`` (counting only: ``sleep`` off), so every step keeps its
 collectives (kind, bytes) and its compute time (wall time minus the time its collectives
-took here): the run can then be replayed on any link (``replay_time``). Losses are the
+took here): the run can then be replayed on any link (``replay_time``). ``streaming_overlap``
+runs streaming DiLoCo with its all-reduces in flight on a slowed link (``LinkInFlight``), to
+measure how much of the link the inner steps hide; ``goals_only`` trains only what the entry
+point's summary line needs. Losses are the
 workers' training losses, averaged over ranks; ``eval`` is the held-out loss of the model each
 worker ends with, averaged over ranks (``evals``: the same every ``eval_every`` steps). ``slow_link_check`` alternates DDP steps on the local
 link with steps that sleep the chosen link's time, to compare measured and modelled time.
@@ -32,13 +35,13 @@ from source_code import data, workload
 from source_code.distributed import context
 from source_code.less_communication import compression
 from source_code.less_communication.local_sgd import DiLoCo, LocalSGD, average_fp16
-from source_code.less_communication.slow_link import SlowLink, replay
+from source_code.less_communication.slow_link import LinkInFlight, SlowLink, replay
 from source_code.less_communication.streaming import StreamingDiLoCo
 from source_code.measure import clock
 
 DEFAULTS = {"steps": 80, "batch": 32, "lr": 3e-3, "sgd_lr": 0.3, "dim": 32, "layers": 2, "rank": 2, "every": 20,
             "sweep": (10, 40), "fragments": 4, "link": "inter-site", "check_steps": 5,
-            "seed": 0, "bf16_steps": 4, "eval_every": 10}
+            "seed": 0, "bf16_steps": 4, "eval_every": 10, "delay": 2, "goals_only": False}
 
 
 def settings_with(**changes) -> dict:
@@ -50,6 +53,8 @@ def settings_with(**changes) -> dict:
 
 def methods(s: dict) -> list:
     h = s["every"]
+    if s["goals_only"]:              # what the summary line's P, D and G need, nothing else
+        return ["ddp", "ddp-sgd", "powersgd", f"diloco-{h}"]
     return (["ddp", "ddp-sgd", "fp16", "powersgd", "powersgd-no-ef", "torch-powersgd",
              f"local-sgd-{h}", f"diloco-{h}"] + [f"diloco-{k}" for k in s["sweep"] if k != h]
             + [f"streaming-fp16-{h}"])
@@ -83,14 +88,16 @@ def _wrap(method: str, s: dict, model, ctx):
     raise ValueError(f"unknown method {method!r}")
 
 
-def train(method: str, s: dict, steps: int | None = None) -> dict:
+def train(method: str, s: dict, steps: int | None = None, make_sync=None) -> dict:
+    """``method`` on ``s``; ``make_sync(model)`` instead builds the object whose
+    ``after_inner_step`` synchronises (and whose ``finish``, if any, ends the run)."""
     ctx = context()
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = s["steps"] if steps is None else steps
     dataset = workload.sort_task(2048)
     held_out = data.sequence_task("sort", n=256, seed=s["seed"] + 1).tensors
     model = build_model(s, ctx.device)
-    module, sync = _wrap(method, s, model, ctx)
+    module, sync = (model, make_sync(model)) if make_sync else _wrap(method, s, model, ctx)
     hook_state = None if hasattr(sync, "after_inner_step") else sync
     sync = sync if hasattr(sync, "after_inner_step") else None
     opt = (torch.optim.SGD(model.parameters(), lr=s["sgd_lr"], momentum=0.9) if method in SGD_METHODS
@@ -111,6 +118,8 @@ def train(method: str, s: dict, steps: int | None = None) -> dict:
             compute_s.append(clock(ctx.device) - start - (wire.measured_s - comm_before))
             ops.append(wire.step())
             losses.append(loss.item())
+            if step + 1 == steps and hasattr(sync, "finish"):
+                sync.finish()                    # all-reduces still in flight
             if (step + 1) % s["eval_every"] == 0 or step + 1 == steps:
                 with torch.no_grad():            # this worker's model on the held-out set
                     held.append(workload.loss_fn(model, *(t.to(ctx.device) for t in held_out)).item())
@@ -196,13 +205,39 @@ def replay_time(run: dict, link, compute_s: float | None = None, scale: float = 
     return out
 
 
+def streaming_overlap(s: dict) -> dict:
+    """Streaming DiLoCo (fp32) for two rounds (2 H steps) three ways: ``sync`` (each outer
+    step at once), ``tau0`` (the all-reduce in flight, waited at once) and ``overlap`` (waited
+    ``delay`` steps later, mix 0.5); the last two on ``link`` (``LinkInFlight``): its time waited
+    out, less what the compute meanwhile hid. Per way: losses, wall time, exposed and modelled
+    link seconds, the median compute time of a step."""
+    ctx = context()
+    out = {}
+    for name, delay, mix in (("sync", None, 0.0), ("tau0", 0, 0.0), ("overlap", s["delay"], 0.5)):
+        wire = LinkInFlight(dist.get_world_size(), s["link"], ctx.device)
+
+        def make(model, delay=delay, mix=mix, wire=wire):
+            return StreamingDiLoCo(model.parameters(), s["every"], s["fragments"], delay=delay,
+                                   mix=mix, send=wire)
+        dist.barrier()
+        start = clock(ctx.device)
+        run = train(f"streaming-{name}", s, 2 * s["every"], make_sync=make)
+        out[name] = {"loss": run["loss"], "eval": run["eval"], "wall_s": clock(ctx.device) - start,
+                     "exposed_s": wire.exposed_s, "modelled_s": wire.modelled_s, "sends": wire.count,
+                     "compute_s": statistics.median(run["compute_s"]), "ops": run["ops"]}
+    return out
+
+
 def experiment(settings: dict | None = None) -> dict | None:
     s = settings_with(**(settings or {}))
     out = {"settings": s, "runs": {}}
-    out["check"] = slow_link_check(s)
+    if not s["goals_only"]:
+        out["check"] = slow_link_check(s)
     for method in methods(s):
         out["runs"][method] = train(method, s)
-    out["bf16"] = bf16_on_this_backend(s)
+    if not s["goals_only"]:
+        out["bf16"] = bf16_on_this_backend(s)
+        out["overlap"] = streaming_overlap(s)
     return out if dist.get_rank() == 0 else None
 
 

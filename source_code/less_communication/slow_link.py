@@ -11,14 +11,17 @@ after the collective has completed, so a CPU run on a fast local link takes as l
 the slow one. ``measured_s`` is the time the collectives really took here, so that
 ``elapsed - measured_s + simulated_s`` is a run's time on the chosen link without sleeping.
 ``step()`` closes a step and keeps its ops (kind, payload bytes) for replaying the same run on
-other links (``replay``).
+other links (``replay``). ``LinkInFlight`` does the same for an asynchronous all-reduce: the
+link's time is waited out in its ``wait``, so compute issued meanwhile hides it.
 """
 from __future__ import annotations
 
 import time
 
+import torch.distributed as dist
+
 from source_code.less_communication import links
-from source_code.measure import CommCounter
+from source_code.measure import CommCounter, clock
 
 
 class SlowLink(CommCounter):
@@ -59,3 +62,38 @@ class SlowLink(CommCounter):
 def replay(ops, link, world: int) -> float:
     """Seconds that a list of (kind, payload bytes) takes on ``link``."""
     return sum(links.collective_seconds(kind, nbytes, link, world) for kind, nbytes in ops)
+
+
+class LinkInFlight:
+    """``send`` for ``StreamingDiLoCo(delay=...)``: an asynchronous all-reduce that behaves as
+    if it crossed ``link``. It is started at once (``async_op=True``); its ``wait`` returns no
+    earlier than the link model's time after the start, sleeping what is left of it. So the
+    compute done while it was in flight hides that much of the link: ``exposed_s`` sums the
+    time the workers really stood in ``wait``, ``modelled_s`` the link's time of every
+    all-reduce (what a synchronous wait would cost)."""
+
+    def __init__(self, world_size: int, link="inter-site", device=None):
+        self.link = links.link(link) if isinstance(link, str) else link
+        self.n, self.device = world_size, device
+        self.exposed_s = self.modelled_s = 0.0
+        self.count = 0
+
+    def __call__(self, flat):
+        seconds = links.collective_seconds("all_reduce", flat.numel() * flat.element_size(), self.link, self.n)
+        self.modelled_s += seconds
+        self.count += 1
+        return _InFlight(dist.all_reduce(flat, async_op=True), clock(self.device) + seconds, self)
+
+
+class _InFlight:
+    def __init__(self, work, ready_at: float, owner: LinkInFlight):
+        self.work, self.ready_at, self.owner = work, ready_at, owner
+
+    def wait(self):
+        start = clock(self.owner.device)
+        self.work.wait()
+        left = self.ready_at - clock(self.owner.device)
+        if left > 0:
+            time.sleep(left)
+        self.owner.exposed_s += clock(self.owner.device) - start
+        return True

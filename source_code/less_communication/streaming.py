@@ -6,10 +6,25 @@ f H/F, f H/F + H, ...: the F synchronisations of a round are spread over the rou
 synchronisation carries 1/F of the model (the peak bandwidth a link must offer falls F times)
 while the bytes per step stay those of DiLoCo. Each fragment has its own outer optimizer.
 ``average`` may send fewer bits (``local_sgd.average_fp16``: half the bytes again).
+
+**Overlap** (``delay=tau``, the paper's tau): a fragment's pseudo-gradient all-reduce is
+issued asynchronously (``async_op=True``) and waited for tau inner steps later, so the link
+works while the workers compute::
+
+    step t:        delta = global_f - local_f;  work = all_reduce(delta, async_op=True)
+    steps t+1..:   inner steps go on (local_f keeps training)
+    step t + tau:  work.wait(); outer step on global_f with delta / world
+                   local_f = mix * local_f + (1 - mix) * global_f
+
+``mix`` is the paper's alpha (0.5 there): how much of the tau steps' local progress a worker
+keeps. With tau = 0 and mix = 0 this is exactly the synchronous version (the same all-reduce of
+the same flat buffer, waited at once). ``send(flat) -> work`` starts the all-reduce; the harness
+passes one whose ``wait`` also waits out a modelled slow link (``slow_link.LinkInFlight``).
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from source_code.less_communication.local_sgd import average, outer_step
 
@@ -32,22 +47,68 @@ def fragments(params, n: int) -> list:
     return groups
 
 
+def all_reduce_async(flat):
+    return dist.all_reduce(flat, async_op=True)
+
+
 class StreamingDiLoCo:
+    """``delay=None``: each fragment's outer step at once (``average``); ``delay=tau >= 0``:
+    its all-reduce in flight for tau inner steps (see the module docstring)."""
+
     def __init__(self, params, every: int, n_fragments: int, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9, average=average):
+                 outer_momentum: float = 0.9, average=average, delay: int | None = None,
+                 mix: float = 0.0, send=all_reduce_async):
         if every % n_fragments:
             raise ValueError(f"H={every} must be a multiple of the {n_fragments} fragments")
+        if delay is not None and not 0 <= delay < every:
+            raise ValueError(f"the delay tau must be in [0, H={every}): a fragment's next "
+                             f"synchronisation starts H steps later; got {delay}")
         self.frags = fragments(params, n_fragments)
         self.every, self.average = every, average
+        self.delay, self.mix, self.send = delay, mix, send
         self.offsets = [f * every // n_fragments for f in range(n_fragments)]
         self.global_params = [[p.detach().clone() for p in frag] for frag in self.frags]
         self.outers = [torch.optim.SGD(g, lr=outer_lr, momentum=outer_momentum, nesterov=True)
                        for g in self.global_params]
+        self.in_flight = []      # (step it is due, fragment, flat pseudo-gradient, work)
 
     def after_inner_step(self, step: int) -> bool:
         synced = False
-        for frag, glob, outer, offset in zip(self.frags, self.global_params, self.outers, self.offsets):
+        for f, offset in enumerate(self.offsets):
             if (step + 1 - offset) % self.every == 0 and step + 1 >= offset:
-                outer_step(glob, frag, outer, self.average)
+                if self.delay is None:
+                    outer_step(self.global_params[f], self.frags[f], self.outers[f], self.average)
+                else:
+                    self.in_flight.append(self._start(f, step))
                 synced = True
+        self._finish(lambda due: due <= step)
         return synced
+
+    def finish(self) -> None:
+        """Wait for every all-reduce still in flight and apply it (at the end of training)."""
+        self._finish(lambda due: True)
+
+    @torch.no_grad()
+    def _start(self, f: int, step: int):
+        deltas = [g - p for g, p in zip(self.global_params[f], self.frags[f])]
+        flat = torch.cat([d.reshape(-1) for d in deltas])      # the pseudo-gradient, flat
+        return step + self.delay, f, flat, self.send(flat)     # the all-reduce is in flight
+
+    @torch.no_grad()
+    def _finish(self, due_now) -> None:
+        keep = []
+        for item in self.in_flight:
+            due, f, flat, work = item
+            if not due_now(due):
+                keep.append(item)
+                continue
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for g in self.global_params[f]:
+                g.grad = flat[offset:offset + g.numel()].view_as(g)
+                offset += g.numel()
+            self.outers[f].step()
+            for p, g in zip(self.frags[f], self.global_params[f]):
+                p.mul_(self.mix).add_(g, alpha=1 - self.mix) if self.mix else p.copy_(g)
+        self.in_flight = keep
