@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from source_code.errors import LaunchError
-from source_code.resilience import (compare, ft_run, health_drill, recovery, sdc, sdc_drill,
-                                    stragglers, young_daly)
+from source_code.resilience import (compare, elastic, elastic_history, ft_run, health_drill, recovery,
+                                    reshard, sdc, sdc_drill, stragglers, young_daly)
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -69,6 +69,10 @@ def test_recovery_metrics_on_made_up_logs():
     (sdc_drill.main, ["--world-size", "2"], "majority"),
     (health_drill.main, ["--every", "9", "--steps", "8"], "--every"),
     (young_daly.main, ["--snapshot-seconds", "-1"], "positive"),
+    (elastic.main, ["--batch-size", "7"], "even"),
+    (elastic.main, ["--kill-after", "200", "--samples", "320"], "first half"),
+    (elastic.main, ["--max-restarts", "0"], "--max-restarts"),
+    (reshard.main, ["--batch-size", "24", "--after", "5"], "divide"),
 ])
 def test_bad_flags_are_refused_in_one_line(main, argv, phrase):
     with pytest.raises(LaunchError) as err:
@@ -84,8 +88,8 @@ def test_bad_flags_are_refused_in_one_line(main, argv, phrase):
 
 def test_reshard_3_to_2_sees_every_sample_of_the_epoch_exactly_once():
     from source_code.resilience import reshard
-    r = reshard.drill(before=3, after=2, steps_before=5, batch_size=24)
-    assert r["seen"] == r["unique"] == r["expected"] == 1008, r
+    r = reshard.drill(before=3, after=2, steps_before=5, batch_size=24, n_samples=240)
+    assert r["seen"] == r["unique"] == r["expected"] == 240, r
     assert r["consumed_before"] == 120
 
 
@@ -96,3 +100,33 @@ def test_a_per_rank_position_would_not_carry_over():
     assert three.next_indices(0, 3) != two.next_indices(0, 2)
     assert sorted(sum((EpochPosition(48, 12).next_indices(r, 3) for r in range(3)), [])) == \
         sorted(sum((EpochPosition(48, 12).next_indices(r, 2) for r in range(2)), []))
+
+
+def test_a_per_rank_sampler_state_repeats_samples_when_the_world_shrinks_and_skips_when_it_grows():
+    shrink = reshard.naive_resume(240, 24, before=3, after=2, steps_before=4)
+    grow = reshard.naive_resume(240, 24, before=2, after=3, steps_before=4)
+    # 96 samples done, 32 per old rank; each new rank skips only 32 of its 120 (2 ranks): 32 again
+    assert (shrink["repeated"], shrink["skipped"]) == (32, 0), shrink
+    # 96 done, 48 per old rank; each of 3 new ranks skips 48 of its 80: 48 samples never trained
+    assert (grow["repeated"], grow["skipped"]) == (0, 48), grow
+
+
+def test_elastic_history_counts_the_runs_history_not_the_undone_steps():
+    """World 2 to sample 16, killed after computing step 24 (not saved), world 1 from 16 to 32."""
+    def start(t, world, port, agent, attempt, at, rank=0):
+        return {"t": t, "event": "start", "rank": rank, "world": world, "master_port": port,
+                "agent": agent, "attempt": attempt, "resumed_at": at, "pid": t}
+
+    def step(t, world, port, consumed, samples, rank=0):
+        return {"t": t, "event": "step", "rank": rank, "world": world, "master_port": port,
+                "consumed": consumed, "samples": samples}
+    events = {"start": [start(0, 2, 5, 100, 0, 0), start(0.1, 2, 5, 200, 0, 0, rank=1), start(5, 1, 6, 100, 1, 16)],
+              "step": [step(1, 2, 5, 8, [0, 1, 2, 3]), step(1, 2, 5, 8, [4, 5, 6, 7], rank=1),
+                       step(2, 2, 5, 16, [8, 9, 10, 11]), step(2, 2, 5, 16, [12, 13, 14, 15], rank=1),
+                       step(3, 2, 5, 24, [16, 17, 18, 19]),
+                       step(6, 1, 6, 24, list(range(16, 24))), step(7, 1, 6, 32, list(range(24, 32)))],
+              "end": [{"t": 8, "event": "end", "eval_loss": 0.5}]}
+    r = elastic_history.summarise(events, samples=32, batch_size=8)
+    assert [w["size"] for w in r["worlds"]] == [2, 1] and r["worlds"][0]["restarts"] == {100: 0, 200: 0}
+    assert r["worlds"][1]["restarts"] == {100: 1} and r["worlds"][1]["resumed_at"] == 16
+    assert (r["seen"], r["unique"], r["expected"], r["recomputed"]) == (32, 32, 32, 4), r

@@ -25,8 +25,8 @@ LR = 3e-3
 EVAL_SAMPLES = 256
 
 
-def task():
-    return workload.sort_task(n=1024)
+def task(n: int = 1024):
+    return workload.sort_task(n=n)
 
 
 def build(seed: int = 0):

@@ -6,7 +6,8 @@ One kill at the same step in both runs, on the same model, data and batches:
 * restart: restart_train.py under torchrun (snapshots every K steps); after the kill ends the job,
   a new job of every worker resumes from the snapshot (what a Slurm requeue does);
 * per-step fault tolerance: ft_run.py (torchft's lighthouse and one process per replica group).
-Then the silent-data-corruption drill (sdc.py): one bit flipped on one rank, found in one step.
+Then the silent-data-corruption drill (sdc.py): a bit flipped once on one rank and one flipped
+every time a step is computed on another, each found in one step and told apart by a replay.
 The last line: ``summary: ... ft_steps_lost=A restart_steps_lost=B heal_bitwise_equal=1
 sdc_detected_rank=R``; ``--out FILE`` keeps every number as JSON for a notebook to reuse.
 """
@@ -55,7 +56,7 @@ def compare(steps: int = 40, kill_at: int = 10, snapshot_every: int = 8, step_se
     restart = run_restart(steps, kill_at, snapshot_every, step_seconds, workdir, stream)
     mtbf_s = 86400 / failures_per_day
     interval_s = young_daly.daly_interval(restart["snapshot_seconds"], mtbf_s)
-    found = sdc_drill.drill(flip_rank=1)
+    found = sdc_drill.drill(flip_rank=1, at_step=5, more=((2, 3, "repeat"),))   # both kinds, one run
     return {"ft": ft, "restart": restart,
             "young_daly": {"snapshot_seconds": restart["snapshot_seconds"], "mtbf_seconds": mtbf_s,
                            "interval_seconds": interval_s,

@@ -52,48 +52,83 @@ class EpochPosition:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
 
-def _phase(path: str, steps: int, batch_size: int, resume: bool) -> list[int]:
-    """Train ``steps`` global steps (all remaining ones when 0) on this world; return the indices seen."""
+def save(path: str, model, optimizer, position: EpochPosition) -> None:
+    """Model, optimizer and data position in one DCP checkpoint (each rank writes its part)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd, "data": position.state_dict()},
+             storage_writer=dcp.FileSystemWriter(path, overwrite=True))   # a redone step writes again
+
+
+def load(path: str, model, optimizer, position: EpochPosition) -> None:
+    """The checkpoint of ``save``, re-laid out for this world size, into model, optimizer, position."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "data": position.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    position.load_state_dict(state["data"])
+
+
+def train_step(model, optimizer, position: EpochPosition, dataset) -> list[int]:
+    """One data-parallel step on this rank's slice of the next global batch; its sample indices."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dataset = common.task()
+    idx = position.next_indices(rank, world)
+    x_all, y_all = dataset.tensors
+    optimizer.zero_grad()
+    workload.loss_fn(model, x_all[idx], y_all[idx]).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    optimizer.step()
+    return idx
+
+
+def _phase(path: str, steps: int, batch_size: int, resume: bool, n_samples: int) -> list[int]:
+    """Train ``steps`` global steps (all remaining ones when 0) on this world; return the indices seen."""
+    dataset = common.task(n_samples)
     model, optimizer = common.build(0)
     position = EpochPosition(len(dataset), batch_size)
     if resume:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd, "data": position.state_dict()}
-        dcp.load(state, checkpoint_id=path)                  # re-laid out for this world size
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        position.load_state_dict(state["data"])
+        load(path, model, optimizer, position)                 # re-laid out for this world size
     seen = []
-    x_all, y_all = dataset.tensors
     total = len(dataset) // batch_size
     for _ in range(steps or total - position.consumed // batch_size):
-        idx = position.next_indices(rank, world)
-        seen += idx
-        optimizer.zero_grad()
-        workload.loss_fn(model, x_all[idx], y_all[idx]).backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-        optimizer.step()
+        seen += train_step(model, optimizer, position, dataset)
     if not resume:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd, "data": position.state_dict()}, checkpoint_id=path)
+        save(path, model, optimizer, position)
     return seen
 
 
 def drill(before: int = 3, after: int = 2, steps_before: int = 4, batch_size: int = 24,
-          n_samples: int = 1024, stream=None) -> dict:
+          n_samples: int = 240, stream=None) -> dict:
     """Train part of an epoch on ``before`` ranks, save, finish it on ``after`` ranks; count samples."""
     if batch_size % before or batch_size % after:
         raise ValueError(f"the global batch {batch_size} must split over {before} and over {after} ranks")
+    if steps_before * batch_size >= n_samples:
+        raise ValueError(f"{steps_before} steps of {batch_size} must stop inside the epoch of {n_samples} samples")
     path = tempfile.mkdtemp(prefix="reshard_")
-    first = processes.spawn(_phase, before, path, steps_before, batch_size, False, device="cpu", stream=stream)
-    second = processes.spawn(_phase, after, path, 0, batch_size, True, device="cpu", stream=stream)
+    first = processes.spawn(_phase, before, path, steps_before, batch_size, False, n_samples,
+                            device="cpu", stream=stream)
+    second = processes.spawn(_phase, after, path, 0, batch_size, True, n_samples, device="cpu", stream=stream)
     seen = [i for part in first + second for i in part]
-    expected = (len(common.task()) // batch_size) * batch_size       # full batches only (drop_last)
+    expected = (n_samples // batch_size) * batch_size                # full batches only (drop_last)
     return {"seen": len(seen), "unique": len(set(seen)), "expected": expected,
             "before": before, "after": after, "consumed_before": steps_before * batch_size,
             "files": sorted(os.listdir(path))}
+
+
+def naive_resume(n: int, batch_size: int, before: int, after: int, steps_before: int) -> dict:
+    """The same change with a per-rank position: DistributedSampler shards, and each rank of the new
+    world skips as many samples as a rank of the old one had yielded (a per-rank sampler state, as
+    a data loader's state_dict keeps it). Counts what that trains on (the negative control)."""
+    from torch.utils.data import DistributedSampler
+    data = range(n)
+
+    def shard(world, rank):
+        return list(DistributedSampler(data, world, rank, shuffle=True, seed=0, drop_last=True))
+    seen = [i for r in range(before) for i in shard(before, r)[:steps_before * (batch_size // before)]]
+    done = steps_before * (batch_size // before)                 # what each old rank yielded
+    seen += [i for r in range(after) for i in shard(after, r)[done:]]
+    return {"seen": len(seen), "unique": len(set(seen)), "repeated": len(seen) - len(set(seen)),
+            "skipped": n - len(set(seen))}
 
 
 def main(argv=None):
@@ -102,12 +137,13 @@ def main(argv=None):
     p.add_argument("--after", type=positive_int, default=2)
     p.add_argument("--steps-before", type=positive_int, default=4)
     p.add_argument("--batch-size", type=positive_int, default=24)
+    p.add_argument("--samples", type=positive_int, default=240, help="samples in the epoch")
     a = p.parse_args(argv)
     if a.batch_size % a.before or a.batch_size % a.after:
         raise LaunchError(f"error: --batch-size {a.batch_size} must divide by --before and --after")
-    if a.steps_before * a.batch_size >= len(common.task()):
-        raise LaunchError("error: --steps-before must stop inside the epoch (fewer samples than the data set)")
-    r = drill(a.before, a.after, a.steps_before, a.batch_size)
+    if a.steps_before * a.batch_size >= a.samples:
+        raise LaunchError("error: --steps-before x --batch-size must stop inside the epoch (below --samples)")
+    r = drill(a.before, a.after, a.steps_before, a.batch_size, a.samples)
     print(f"summary: world {r['before']} -> {r['after']} after {r['consumed_before']} samples: "
           f"seen={r['seen']} unique={r['unique']} expected={r['expected']} exactly_once="
           f"{int(r['seen'] == r['unique'] == r['expected'])}")

@@ -24,14 +24,16 @@ from source_code.resilience import common, sdc
 BIT = 3   # a low mantissa bit: the value moves by ~1e-7 of itself, the loss does not notice
 
 
-def _rank_drill(steps: int, at_step: int, flip_rank: int, fault: str, batch_size: int = 24) -> dict:
+def _rank_drill(steps: int, faults: list, batch_size: int = 24) -> dict:
+    """``faults``: (rank, step, kind) each. Every finding is replayed, then the step is computed
+    again without its fault (the suspect unit drained), so that the next fault starts clean."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = common.task()
     model, optimizer = common.build(0)
     good = {"model": copy.deepcopy(model.state_dict()), "optim": copy.deepcopy(optimizer.state_dict())}
-    found, check_s, step_s = None, [], []
+    found, check_s, step_s = [], [], []
 
-    def one_step(step: int, replay: bool = False) -> float:
+    def one_step(step: int, replay: bool = False, inject: bool = True) -> float:
         x, y = common.part_batch(dataset, step, batch_size, world, rank)
         optimizer.zero_grad()
         loss = workload.loss_fn(model, x, y)
@@ -39,8 +41,9 @@ def _rank_drill(steps: int, at_step: int, flip_rank: int, fault: str, batch_size
         for p in model.parameters():                       # data parallelism, written out
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
         optimizer.step()
-        if step == at_step and rank == flip_rank and (fault == "repeat" or not replay):
-            sdc.flip_bit(next(model.parameters()), index=7, bit=BIT)     # the silent fault
+        for f_rank, f_step, kind in faults:
+            if inject and step == f_step and rank == f_rank and (kind == "repeat" or not replay):
+                sdc.flip_bit(next(model.parameters()), index=7, bit=BIT)     # the silent fault
         return loss.item()
 
     for step in range(steps):
@@ -51,9 +54,13 @@ def _rank_drill(steps: int, at_step: int, flip_rank: int, fault: str, batch_size
         t2 = time.perf_counter()
         step_s.append(t1 - t0)
         check_s.append(t2 - t1)
-        if odd and found is None:
+        if odd:
             verdict = sdc.replay_verdict(model, optimizer, good, lambda replay: one_step(step, replay))
-            found = {"rank": odd[0], "step": step, "verdict": verdict}
+            found.append({"rank": odd[0], "step": step, "verdict": verdict})
+            if verdict == "repeats":                         # go on without the faulty unit
+                model.load_state_dict(good["model"])
+                optimizer.load_state_dict(good["optim"])
+                one_step(step, replay=True, inject=False)
         good = {"model": copy.deepcopy(model.state_dict()), "optim": copy.deepcopy(optimizer.state_dict())}
     mid = lambda v: sorted(v)[len(v) // 2]
     return {"found": found, "check_seconds": mid(check_s), "step_seconds": mid(step_s),
@@ -61,19 +68,26 @@ def _rank_drill(steps: int, at_step: int, flip_rank: int, fault: str, batch_size
 
 
 def drill(flip_rank: int = 1, at_step: int = 5, steps: int = 8, world_size: int = 3,
-          fault: str = "flip", stream=None) -> dict:
-    """Run the drill on ``world_size`` CPU processes; what rank 0 found, with the check's cost."""
+          fault: str = "flip", more: tuple = (), stream=None) -> dict:
+    """Run the drill on ``world_size`` CPU processes; what rank 0 found, with the check's cost.
+
+    ``more``: further (rank, step, kind) faults in the same run; ``faults`` lists every fault
+    with what was found for it, the top-level fields are the first fault's."""
     if world_size < 3:
         raise ValueError("naming the corrupted rank needs a majority: world_size >= 3")
-    if not 0 <= flip_rank < world_size or not 0 <= at_step < steps or fault not in ("flip", "repeat"):
-        raise ValueError("flip_rank must be a rank, at_step below steps, fault 'flip' or 'repeat'")
-    out = processes.spawn(_rank_drill, world_size, steps, at_step, flip_rank, fault,
-                          device="cpu", stream=stream)
+    faults = [(flip_rank, at_step, fault), *more]
+    if any(not 0 <= r < world_size or not 0 <= s < steps or k not in ("flip", "repeat") for r, s, k in faults) \
+            or len({s for _, s, _ in faults}) < len(faults):
+        raise ValueError("each fault: a rank, a step below steps (one fault a step), kind 'flip' or 'repeat'")
+    out = processes.spawn(_rank_drill, world_size, steps, faults, device="cpu", stream=stream)
     res = out[0]
-    found = res["found"] or {"rank": -1, "step": -1, "verdict": "none"}
-    return {"detected_rank": found["rank"], "detected_step": found["step"], "verdict": found["verdict"],
-            "flip_rank": flip_rank, "flip_step": at_step, "check_seconds": res["check_seconds"],
-            "step_seconds": res["step_seconds"],
+    reports = []
+    for r, s, kind in faults:
+        hit = next((f for f in res["found"] if f["step"] == s), {"rank": -1, "step": -1, "verdict": "none"})
+        reports.append({"detected_rank": hit["rank"], "detected_step": hit["step"], "verdict": hit["verdict"],
+                        "flip_rank": r, "flip_step": s, "fault": kind, "check_seconds": res["check_seconds"],
+                        "step_seconds": res["step_seconds"]})
+    return {**reports[0], "faults": reports, "findings": len(res["found"]),
             "agree_at_end": len({r["checksum"] for r in out}) == 1}
 
 
