@@ -105,7 +105,8 @@ def page() -> str:
            "those of the stored notebooks' cells on 2 CPU cores, in bins (running them live costs "
            "a minute or two of each slot). A day starts at 09:00, with coffee at "
            "10:30 and 14:45 and lunch at 12:15 (a notebook that would overrun a break by at most a "
-           "quarter of an hour ends first).", ""]
+           "quarter of an hour ends first). What to ask, show and answer in each lesson: "
+           "[INSTRUCTOR_NOTES.md](INSTRUCTOR_NOTES.md).", ""]
     for name, days in COURSES.items():
         presented = {n for day in days for n in day}
         out += [f"## {name.capitalize()}", ""]
