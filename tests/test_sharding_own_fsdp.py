@@ -31,6 +31,18 @@ def test_two_ranks_bitwise_and_summary_line(torchrun, tmp_path):
     assert all(iv[b]["transfer"][0] <= iv[a]["compute"][0] for a, b in zip(names, names[1:])), iv
     assert res["prefetch"]["prefetch"]["backward_issue_order"][:3] == ["head", "layers.1", "layers.0"]
     assert float(m.group(2)) == pytest.approx(b["own_fsdp"]["resident"] / b["ddp"]["resident"], abs=1e-4)
+    # bf16 mixed precision (own_fsdp_mixed.py, fully_shard with MixedPrecisionPolicy): the
+    # all-gathers carry half the bytes, the reduce-scatters fp32 either way, the two train alike
+    c = res["comm"]
+    for impl in ("own_fsdp", "fully_shard"):
+        assert 2 * c[impl + "_bf16"]["all_gather"] == c[impl]["all_gather"], c
+        assert c[impl + "_bf16"]["reduce_scatter"] == c[impl]["reduce_scatter"], c
+        assert 2 * b[impl + "_bf16"]["gathered"] == b[impl]["gathered"], b
+        assert b[impl + "_bf16"]["resident"] == b[impl]["resident"], b
+    mp, vs32 = (res["parity"][k]["max_abs_diff"] for k in ("own_fsdp_bf16_vs_fully_shard_bf16",
+                                                           "own_fsdp_bf16_vs_own_fsdp"))
+    assert mp <= 1e-6 < vs32, res["parity"]
+    assert f"bf16_vs_fully_shard_bf16={mp:.3g} " in last, last
 
 
 def test_sizes_that_do_not_divide_three_ranks():
@@ -40,6 +52,8 @@ def test_sizes_that_do_not_divide_three_ranks():
                 timeout=240, stream=False)
     res = res[0]
     assert res["parity"]["own_fsdp"]["max_abs_diff"] <= 1e-6, res["parity"]
+    # bf16 with padded shards on 3 ranks: still fully_shard's weights with the same policy
+    assert res["parity"]["own_fsdp_bf16_vs_fully_shard_bf16"]["max_abs_diff"] <= 1e-6, res["parity"]
     assert res["units"] == ["tok", "pos", "layers.0", "layers.1", "head"]
     assert all(".norm" in n or n.startswith("norm") for n in res["replicated"]), res["replicated"]
 

@@ -4,21 +4,25 @@
     torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report --steps 8 --out own_fsdp.json
 
 Every implementation trains the same TransformerLM (workload.py: same initial weights, same
-global batches of the sort task, each rank on its B/N samples) with AdamW for --steps steps;
+global batches of the sort task, each rank on its B/N samples) with AdamW for --steps steps,
+own FSDP and fully_shard also in bf16 mixed precision (own_fsdp_mixed.py; MixedPrecisionPolicy
+with param_dtype bf16, reduce_dtype and output_dtype fp32);
 rank 0 also trains the one-process reference on the same global batches, split into the same
 N slices whose gradients it adds up (sharding/parity.py). Printed, rank 0:
 
     parity: impl=own_fsdp world_size=N steps=S max_abs_diff=D bitwise=True|False
-    parity: impl=fully_shard ...     (and own_fsdp against fully_shard)
+    parity: impl=fully_shard ...     (and own_fsdp against fully_shard; own_fsdp_bf16 against
+            fully_shard_bf16, and against own_fsdp in fp32)
     bytes: impl=ddp resident=B gathered=G peak=P      (per rank, one line per implementation)
     prefetch: forward_ms none=.. prefetch=.. hidden none=.. prefetch=..   (own_fsdp_timeline.py)
-    summary: ... own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R
+    summary: ... bf16_vs_fully_shard_bf16=M own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R
 
 resident: parameters + gradients + optimizer state this rank holds after a step (before
 zero_grad): what stays between layers (measure.state_bytes; own FSDP's full buffers counted
 too, 0 bytes then). gathered: full parameters that exist on top of that while one unit (block
 0) computes its forward, counted inside its forward; peak = resident + gathered. R = own FSDP's
-resident / DDP's. Exit 1 when D > --tol. --out writes every number as JSON (rank 0).
+resident / DDP's. The collectives of the counted step (measure.CommCounter) go to the JSON as
+"comm": {impl: {kind: payload bytes}}: bf16 halves the all-gathers' bytes. Exit 1 when D > --tol. --out writes every number as JSON (rank 0).
 """
 from __future__ import annotations
 
@@ -33,28 +37,32 @@ from source_code import workload
 from source_code.cli import Parser, positive_float, positive_int, writable_path
 from source_code.distributed import print0, ranks_from_env, run_main, session
 from source_code.errors import LaunchError
-from source_code.measure import state_bytes
-from source_code.sharding import own_fsdp
+from source_code.measure import CommCounter, state_bytes
+from source_code.sharding import own_fsdp, own_fsdp_mixed
 from source_code.sharding import own_fsdp_timeline as timeline
-from source_code.sharding.fsdp import build_sharded, unsharded_parameter_bytes
+from source_code.sharding.fsdp import MixedPrecisionPolicy, build_sharded, unsharded_parameter_bytes
 from source_code.sharding.parity import full_weights, train
 from source_code.sharding.zero import ZeroAdamW
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report"
-IMPLS = ("ddp", "zero1", "zero2", "own_fsdp", "fully_shard")
+IMPLS = ("ddp", "zero1", "zero2", "own_fsdp", "fully_shard", "own_fsdp_bf16", "fully_shard_bf16")
+# bf16 mixed precision: FSDP2's policy, and own_fsdp_mixed.py doing the same by hand
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                            output_dtype=torch.float32)
 
 
 def build(impl: str, cfg: dict, ctx, args):
     """(model, optimizer, the module whose parameters to compare, gathered-bytes function)."""
     opt_kw = {"lr": args.lr, "weight_decay": 0.01}
-    if impl == "fully_shard":
+    if impl.startswith("fully_shard"):
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        model = build_sharded(cfg, mesh, args.seed, ctx.device, meta=True)
+        mp = {"mp_policy": BF16} if impl.endswith("bf16") else {}
+        model = build_sharded(cfg, mesh, args.seed, ctx.device, meta=True, **mp)
         return model, torch.optim.AdamW(model.parameters(), **opt_kw), model, \
             lambda: unsharded_parameter_bytes(model)
     model = workload.build_model(cfg, args.seed, ctx.device)
-    if impl == "own_fsdp":
-        units = own_fsdp.shard_by_hand(model)
+    if impl.startswith("own_fsdp"):
+        units = (own_fsdp_mixed.shard_mixed if impl.endswith("bf16") else own_fsdp.shard_by_hand)(model)
         return model, torch.optim.AdamW(model.parameters(), **opt_kw), model, \
             lambda: sum(u.gathered_bytes() for u in units)
     if impl == "ddp":
@@ -65,7 +73,7 @@ def build(impl: str, cfg: dict, ctx, args):
 
 def weights(impl: str, inner) -> dict:
     """{name: full tensor} on every rank (collective for the sharded implementations)."""
-    if impl == "own_fsdp":
+    if impl.startswith("own_fsdp"):
         return {k: v.cpu() for k, v in own_fsdp.full_state_dict(inner).items()}
     return dict(zip([n for n, _ in inner.named_parameters()], full_weights(inner)))
 
@@ -101,12 +109,12 @@ def run(ctx, args) -> dict:
     x, _ = workload.rank_slice(workload.global_batch(dataset, 0, args.batch_size, args.seed),
                                ctx.rank, ctx.world_size)
     res = {"world_size": ctx.world_size, "steps": args.steps, "device": ctx.device.type,
-           "parity": {}, "bytes": {}}
+           "parity": {}, "bytes": {}, "comm": {}}
     got = {}
     for impl in IMPLS:
         model, opt, inner, gathered = build(impl, cfg, ctx, args)
         train(model, opt, dataset, args, ctx.rank, ctx.world_size, ctx.device)
-        if impl in ("own_fsdp", "fully_shard"):
+        if impl not in ("ddp", "zero1", "zero2"):
             got[impl] = weights(impl, inner)
         if impl == "own_fsdp":
             res["units"] = [u.name for u in inner.own_fsdp_units]
@@ -114,8 +122,11 @@ def run(ctx, args) -> dict:
         # train() ends with zero_grad: one more backward + step so the gradients exist when counted
         bx, by = workload.rank_slice(workload.global_batch(dataset, args.steps, args.batch_size,
                                                            args.seed), ctx.rank, ctx.world_size)
-        workload.loss_fn(model, bx.to(ctx.device), by.to(ctx.device)).backward()
-        opt.step()
+        counter = CommCounter(ctx.world_size)          # the collectives of that step, by kind
+        with counter:
+            workload.loss_fn(model, bx.to(ctx.device), by.to(ctx.device)).backward()
+            opt.step()
+        res["comm"][impl] = dict(counter.payload)
         res["bytes"][impl] = measure_bytes(model, opt, inner, gathered, x.to(ctx.device))
         b = res["bytes"][impl]
         print0(f"bytes: impl={impl} world_size={ctx.world_size} resident={b['resident']} "
@@ -133,7 +144,9 @@ def run(ctx, args) -> dict:
             "dim4096": timeline.predict(*timeline.unit_sizes(big, ctx.world_size), 4 * 4096, ctx.world_size)}
         for name, a, b in (("own_fsdp", got["own_fsdp"], reference),
                            ("fully_shard", got["fully_shard"], reference),
-                           ("own_fsdp_vs_fully_shard", got["own_fsdp"], got["fully_shard"])):
+                           ("own_fsdp_vs_fully_shard", got["own_fsdp"], got["fully_shard"]),
+                           ("own_fsdp_bf16_vs_fully_shard_bf16", got["own_fsdp_bf16"], got["fully_shard_bf16"]),
+                           ("own_fsdp_bf16_vs_own_fsdp", got["own_fsdp_bf16"], got["own_fsdp"])):
             d = max_diff(a, b)
             bitwise = all(torch.equal(a[k], b[k]) for k in a)
             res["parity"][name] = {"max_abs_diff": d, "bitwise": bitwise}
@@ -197,6 +210,7 @@ def main(argv=None):
     print(f"summary: world_size={res['world_size']} steps={res['steps']} units={len(res['units'])} "
           f"replicated={len(res['replicated'])} "
           f"fully_shard_max_abs_diff={res['parity']['fully_shard']['max_abs_diff']:.3g} "
+          f"bf16_vs_fully_shard_bf16={res['parity']['own_fsdp_bf16_vs_fully_shard_bf16']['max_abs_diff']:.3g} "
           f"own_fsdp_max_abs_diff={d:.3g} own_fsdp_state_ratio={r:.4f}")
     if d > args.tol:
         print(f"FAILED: own_fsdp_max_abs_diff {d:.3g} > tol {args.tol:g}")
