@@ -4,6 +4,7 @@ Lessons (the algorithms):
 * comm.py           -- chunk bookkeeping and the collectives (all-reduce, reduce-scatter, all-gather)
 * zero.py           -- ZeRO stage 1 and 2 by hand (ZeroAdamW)
 * own_fsdp.py       -- ZeRO-3 (FSDP) by hand: flat padded shards, gather/free hooks, reduce-scatter
+* own_fsdp_mixed.py -- the same in bf16 mixed precision: bf16 all-gather, fp32 reduce-scatter, fp32 shards
 * fsdp.py           -- FSDP2 fully_shard per block, meta-device initialisation
 * checkpointing.py  -- DCP save/load with an atomic switch, full state dicts for export
 Shared plumbing it uses (source_code/): workload.py (TransformerLM config, shard-independent
@@ -18,6 +19,7 @@ Scripts and harnesses:
 * dcp_demo.py       -- load a checkpoint on another number of ranks, compare with the full state
 * exercises.py      -- the check function of notebook 09's exercise
 * figures.py        -- the figures of notebook 09
+* notebook_runs.py  -- notebook 09's 2- and 4-process runs, each group of processes started once
 
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.train
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.parity
