@@ -3,7 +3,8 @@
 Lesson files (notebook 14), in reading order:
 * router.py   -- top-k gating with softmax (gates renormalised over the k for k >= 2, the
                  probability itself for top-1), capacity per expert (tokens over it are dropped
-                 and pass through the residual), the load-balancing auxiliary loss
+                 and pass through the residual), the load-balancing auxiliary loss, the router
+                 z-loss and DeepSeek-V3's aux-loss-free bias (it changes the choice, not the gates)
 * moe.py      -- the MoE layer on one process (experts are models.MLP), and the TransformerLM
                  with its MLPs swapped for MoE layers; parameters and FLOPs per token counted
 * comm.py     -- the all-to-all of expert parallelism: counts first, then the variable-size
@@ -19,8 +20,9 @@ Harness, measurements, checks:
 * harness.py   -- parity with the one-process layer (outputs and gradients), world sizes 2 and 4
 * bench.py     -- all-to-all against all-reduce and all-gather of the same size; skewed routing
                   (an entry point too)
-* train.py     -- a short training run of the MoE TransformerLM, with and without the balancing
-                  loss; the dropped assignments of each capacity factor, counted
+* train.py     -- a short training run of the MoE TransformerLM: without balancing, with the
+                  balancing loss, with bias balancing, with the z-loss; the dropped assignments
+                  of each capacity factor and the state bytes per rank, counted
 * compare.py   -- the entry point: parity + balancing, one summary line
 * figures.py   -- the figures of notebook 14
 * exercises.py -- notebook 14's exercise (solution: solutions/nb14_expert_parallel.py)

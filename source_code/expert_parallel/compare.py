@@ -7,16 +7,20 @@ balancing loss does to the load of the experts.
 1. ``harness.report`` on 2 and then 4 processes: the MoE layer (top-1 and top-2, with and
    without capacity dropping) and the MoE TransformerLM on every (dp, ep) mesh of the world
    size, outputs and gradients against one process on the same global batch;
-2. ``train.balance_study`` on 2 processes: the same short training without and with the
-   balancing loss; the held-out tokens per expert, max / mean for the worst layer.
+2. ``train.balance_study`` on 2 processes: the same short training without any balancing,
+   with the balancing loss, with aux-loss-free bias balancing (DeepSeek-V3) and with the
+   balancing loss plus the router z-loss; the held-out tokens per expert, max / mean for the
+   worst layer.
 
 Rank 0 of each run hands its results back (processes.spawn); the last line:
 
     summary: ep_parity worlds=2,4 cases=C tol=T ep_max_abs_diff=D balance_loss_effect=R
+             aux_free_balance_effect=B
 
 D: the largest difference of outputs and gradients vs one process over every case (goal
-D <= T: 1e-5 in fp32 on the CPU); R: imbalance with the balancing loss / without it (goal
-R < 1). Exit status 1 when a goal is missed.
+D <= T: 1e-5 in fp32 on the CPU); R: imbalance with the balancing loss / without any
+balancing (goal R < 1); B: the same with bias balancing and no auxiliary loss (goal B < 1).
+Exit status 1 when a goal is missed.
 """
 from __future__ import annotations
 
@@ -62,16 +66,17 @@ def main(argv=None):
         print(f"parity world={row['world']} {row['what']}: max |diff| {row['worst']:.1e}")
     study = processes.spawn(train.balance_study, 2, args.aux_coef, args.steps,
                             device=args.device, stream=False)[0]
-    for name in ("without", "with"):
+    for name, what in (("without", "without balancing"), ("with", "balancing loss"),
+                       ("aux_free", "bias balancing"), ("z_loss", "balancing loss + z-loss")):
         r = study[name]
         for i, tokens in enumerate(r["per_expert"]):
-            print(f"{name} balancing loss, layer {i}: tokens per expert {tokens} "
-                  f"(max/mean {train.imbalance(tokens):.2f})")
+            print(f"{what}, layer {i}: tokens per expert {tokens} (max/mean {train.imbalance(tokens):.2f})")
     d = max(row["worst"] for row in rows)
     ratio = study["with"]["imbalance"] / study["without"]["imbalance"]
+    free = study["aux_free"]["imbalance"] / study["without"]["imbalance"]
     print(f"summary: ep_parity worlds={','.join(map(str, WORLDS))} cases={len(rows)} tol={tol:g} "
-          f"ep_max_abs_diff={d:.2e} balance_loss_effect={ratio:.3f}")
-    return 0 if d <= tol and ratio < 1 else 1
+          f"ep_max_abs_diff={d:.2e} balance_loss_effect={ratio:.3f} aux_free_balance_effect={free:.3f}")
+    return 0 if d <= tol and ratio < 1 and free < 1 else 1
 
 
 if __name__ == "__main__":

@@ -50,13 +50,15 @@ class EPMoE(nn.Module):
         self.mine = owned_experts(self.n_experts, self.world, self.rank)
         self.router = copy.deepcopy(moe.router)
         self.experts = nn.ModuleList(copy.deepcopy(moe.experts[e]) for e in self.mine)
-        self.aux_loss = None
+        self.aux_loss = self.z_loss = None
         self.counts = None
+        self.balance_bias = moe.balance_bias
 
     def forward(self, x):                                          # x: (b, t, d), my tokens
         rows = x.reshape(-1, x.shape[-1])                          # (N, d)
-        r = router.route(self.router(rows), self.k, self.capacity_factor, 1, self.renormalise)
-        self.aux_loss, self.counts = r.aux, r.counts
+        r = router.route(self.router(rows), self.k, self.capacity_factor, 1, self.renormalise,
+                         self.balance_bias)
+        self.aux_loss, self.counts, self.z_loss = r.aux, r.counts, r.z
         # 1. kept assignments, sorted by expert (stable: token order within an expert)
         token, choice = r.keep.nonzero(as_tuple=True)             # (A,), (A,)
         expert = r.expert[token, choice]

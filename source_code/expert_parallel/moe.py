@@ -37,13 +37,15 @@ class MoE(nn.Module):
         self.renormalise = renormalise                     # None: renormalised gates for k >= 2
         self.router = nn.Linear(dim, n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(dim, hidden) for _ in range(n_experts))
-        self.aux_loss = None
+        self.aux_loss = self.z_loss = None
         self.counts = None
+        self.balance_bias = None                           # (E,) aux-free balancing (router.update_bias)
 
     def forward(self, x):                                  # x: (b, t, d)
         rows = x.reshape(-1, x.shape[-1])                  # (N, d)
-        r = router.route(self.router(rows), self.k, self.capacity_factor, self.groups, self.renormalise)
-        self.aux_loss, self.counts = r.aux, r.counts
+        r = router.route(self.router(rows), self.k, self.capacity_factor, self.groups, self.renormalise,
+                         self.balance_bias)
+        self.aux_loss, self.counts, self.z_loss = r.aux, r.counts, r.z
         return combine(rows, r, self.experts).view_as(x)
 
 
@@ -79,6 +81,11 @@ def moe_layers(model: nn.Module) -> list:
 def aux_loss(model: nn.Module) -> torch.Tensor:
     """The sum of the layers' balancing losses from the last forward."""
     return sum(m.aux_loss for m in moe_layers(model))
+
+
+def z_loss(model: nn.Module) -> torch.Tensor:
+    """The sum of the layers' router z-losses from the last forward."""
+    return sum(m.z_loss for m in moe_layers(model))
 
 
 def set_routing(model: nn.Module, k: int | None = None, capacity_factor=..., groups: int | None = None,

@@ -36,6 +36,17 @@ of the group's k*N assignments that chose expert e (counted before dropping, not
 differentiable) and P_e the mean router probability of e (differentiable); the mean over the
 groups. It is 1 when both are uniform and grows when the router favours some experts: its
 gradient lowers the probability of the experts that receive the most tokens.
+
+**Balancing without an auxiliary loss** (DeepSeek-V3): each expert has a bias b_e that is added
+to the routing scores for the *choice* of the top k only; the gates stay the probabilities
+(renormalised as above), so the bias changes who is chosen, never how much a chosen expert
+counts, and adds no gradient that competes with the language-modelling loss. After each step
+the bias of every overloaded expert goes down by a rate gamma and that of every underloaded one
+up: b_e += gamma * sign(mean load - load_e) (``update_bias``).
+
+**Router z-loss** (ST-MoE): the mean over tokens of logsumexp(logits)^2. It pulls the router's
+logits towards small values, where the softmax is not saturated and a bf16 exponential does
+not round away; its coefficient is small (ST-MoE: 0.001).
 """
 from __future__ import annotations
 
@@ -55,6 +66,7 @@ class Routing:
     keep: torch.Tensor     # (N, k) bool, False where the assignment is over capacity (dropped)
     aux: torch.Tensor      # () the load-balancing loss (mean over the groups)
     counts: torch.Tensor   # (groups, E) int64, assignments per expert and group, before dropping
+    z: torch.Tensor = None  # () the router z-loss of these logits
 
 
 def capacity(n_tokens: int, n_experts: int, k: int, factor: float | None) -> int:
@@ -69,11 +81,16 @@ def capacity(n_tokens: int, n_experts: int, k: int, factor: float | None) -> int
     return math.ceil(factor * n_tokens * k / n_experts)
 
 
-def top_k(logits: torch.Tensor, k: int, renormalise: bool | None = None):
+def top_k(logits: torch.Tensor, k: int, renormalise: bool | None = None, bias: torch.Tensor | None = None):
     """(probs (N, E), expert (N, k), gate (N, k)) of router logits (N, E); the gates
-    renormalised over the k choices when ``renormalise`` (None: when k >= 2)."""
+    renormalised over the k choices when ``renormalise`` (None: when k >= 2). ``bias`` (E,):
+    added to the probabilities for the choice only (aux-loss-free balancing)."""
     probs = torch.softmax(logits, dim=-1)
-    p, expert = probs.topk(k, dim=-1)           # best first
+    if bias is None:
+        p, expert = probs.topk(k, dim=-1)       # best first
+    else:
+        expert = (probs.detach() + bias).topk(k, dim=-1).indices   # chosen with the bias ...
+        p = probs.gather(1, expert)                                # ... weighted without it
     if renormalise is None:
         renormalise = k >= 2
     gate = p / p.sum(-1, keepdim=True) if renormalise else p
@@ -105,8 +122,20 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
     return n_experts * (f * p).sum()
 
 
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE's router z-loss: mean over tokens of logsumexp(logits)^2."""
+    return torch.logsumexp(logits, dim=-1).square().mean()
+
+
+def update_bias(bias: torch.Tensor | None, load: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's bias step: down by ``rate`` for experts above the mean load, up below."""
+    load = load.to(torch.float32)
+    bias = torch.zeros_like(load) if bias is None else bias
+    return bias + rate * torch.sign(load.mean() - load)
+
+
 def route(logits: torch.Tensor, k: int, capacity_factor: float | None = None,
-          groups: int = 1, renormalise: bool | None = None) -> Routing:
+          groups: int = 1, renormalise: bool | None = None, bias: torch.Tensor | None = None) -> Routing:
     """Route N tokens given their router logits (N, E); capacity and aux loss per group."""
     if logits.dim() != 2 or logits.shape[0] < 1:
         raise ValueError(f"logits must be (tokens >= 1, experts), got shape {tuple(logits.shape)}")
@@ -115,13 +144,13 @@ def route(logits: torch.Tensor, k: int, capacity_factor: float | None = None,
         raise ValueError(f"k must be between 1 and the number of experts {n_experts}, got {k}")
     if groups < 1 or n % groups:
         raise ValueError(f"{n} tokens do not split into {groups} equal groups; use a divisor of {n}")
-    probs, expert, gate = top_k(logits, k, renormalise)
+    probs, expert, gate = top_k(logits, k, renormalise, bias)
     size = n // groups
     cap = capacity(size, n_experts, k, capacity_factor)
     keep = torch.cat([within_capacity(e, n_experts, cap) for e in expert.split(size)])
     aux = torch.stack([balance_loss(p, e) for p, e in zip(probs.split(size), expert.split(size))]).mean()
     counts = torch.stack([tokens_per_expert(e, n_experts) for e in expert.split(size)])
-    return Routing(probs, expert, gate, keep, aux, counts)
+    return Routing(probs, expert, gate, keep, aux, counts, z_loss(logits))
 
 
 def dropped_fraction(counts, n_tokens: int, k: int, factor: float | None) -> float:

@@ -3,13 +3,15 @@ balancing loss.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train
     torchrun --standalone --nproc-per-node=4 -m source_code.expert_parallel.train --ep 2 --aux-coef 0
+    torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train --aux-coef 0 --bias-rate 0.01
     TRAIN_MODULE=source_code.expert_parallel.train sbatch slurm/ddp_single_node.slurm --experts 16
 
 The TransformerLM of models.py with its MLPs swapped for MoE layers (moe.py) learns the
 generated sort task. The ranks form a (dp, ep) mesh (ep_dp.py): experts split over "ep",
 every rank its own share of each global batch, expert gradients reduced over "dp" and the
 rest over all ranks. The loss is cross-entropy + aux_coef x the sum of the layers'
-balancing losses. After training, the tokens of a held-out batch are routed once more and
+balancing losses (+ z_coef x their router z-losses); with --bias-rate, each layer's
+aux-loss-free bias moves after every step against its load over all ranks. After training, the tokens of a held-out batch are routed once more and
 counted per layer and expert (before capacity dropping): the imbalance is max / mean of those
 counts, the worst layer's. Then the same batch goes through again with each capacity factor of
 ``FACTORS``: the assignments each layer dropped are counted from the rows its dispatch
@@ -29,9 +31,9 @@ import torch.nn.functional as F
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
 from source_code.expert_parallel import ep_dp, router, wire
-from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer, set_routing
+from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer, set_routing, z_loss
 from source_code import workload
-from source_code.measure import clock
+from source_code.measure import clock, state_bytes
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train"
@@ -69,14 +71,26 @@ def dropped_by_capacity(model, x, factors=FACTORS) -> list:
     return out
 
 
-def _local_loss(model, x, y, aux_coef: float):
+def _local_loss(model, x, y, aux_coef: float, z_coef: float = 0.0):
     ce = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
-    return ce, ce + aux_coef * aux_loss(model)
+    loss = ce + aux_coef * aux_loss(model)
+    return ce, (loss + z_coef * z_loss(model)) if z_coef else loss
 
 
-def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides) -> dict:
+def balance_biases(model, rate: float) -> None:
+    """Aux-loss-free balancing: every layer's bias one step against its load over all ranks."""
+    for layer in moe_layers(model):
+        load = layer.counts.sum(0).to(torch.float64)
+        dist.all_reduce(load)
+        layer.balance_bias = router.update_bias(layer.balance_bias, load, rate)
+
+
+def run(aux_coef: float, ep: int | None = None, log_every: int = 0, z_coef: float = 0.0,
+        bias_rate: float = 0.0, **overrides) -> dict:
     """Train on every rank of the job; return the loss curve, the accuracy and the held-out
-    tokens per expert of every layer, per rank and summed (plain Python values)."""
+    tokens per expert of every layer, per rank and summed (plain Python values). ``z_coef``:
+    weight of the router z-loss; ``bias_rate``: aux-loss-free bias balancing at that rate
+    (0: off)."""
     o = {**DEFAULTS, **overrides}
     world, rank, device = dist.get_world_size(), dist.get_rank(), context().device
     ep = ep or world
@@ -92,21 +106,26 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides)
     for step in range(o["steps"]):
         x, y = workload.rank_slice(workload.global_batch(train_set, step, o["batch_size"], o["seed"]),
                                    rank, world)
-        ce, loss = _local_loss(model, x.to(device), y.to(device), aux_coef)
+        ce, loss = _local_loss(model, x.to(device), y.to(device), aux_coef, z_coef)
         loss.backward()
         ep_dp.reduce_gradients(model, mesh["dp"].get_group())
         opt.step()
+        if bias_rate:
+            balance_biases(model, bias_rate)
         opt.zero_grad(set_to_none=True)
         mean = torch.tensor([ce.item()], dtype=torch.float64)
         dist.all_reduce(mean)
         losses.append(mean.item() / world)
         if log_every and ((step + 1) % log_every == 0 or step + 1 == o["steps"]):
-            print0(f"  aux_coef {aux_coef:g}: step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  "
+            print0(f"  aux_coef {aux_coef:g}" + (f", bias rate {bias_rate:g}" if bias_rate else "")
+                   + (f", z-loss {z_coef:g}" if z_coef else "") + f": step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  "
                    f"{clock(device) - start:6.1f}s")
     x, y = (t[-HELD_OUT:] for t in held_out.tensors)
     x, y = (t[rank * (HELD_OUT // world):(rank + 1) * (HELD_OUT // world)].to(device) for t in (x, y))
     with torch.no_grad():
         pred = model(x).argmax(-1)
+    z = torch.tensor([float(z_loss(model)) / len(moe_layers(model))], dtype=torch.float64)
+    dist.all_reduce(z)                                     # mean router z-loss per layer, over ranks
     keep = y != -100
     hits = torch.tensor([(pred[keep] == y[keep]).sum().item(), keep.sum().item()], dtype=torch.float64)
     dist.all_reduce(hits)
@@ -119,24 +138,37 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, **overrides)
     seconds = clock(device) - start
     capacity = [None] * world
     dist.all_gather_object(capacity, dropped_by_capacity(model, x))
-    return {"aux_coef": aux_coef, "losses": losses, "accuracy": hits[0].item() / hits[1].item(),
+    state = [None] * world
+    dist.all_gather_object(state, state_bytes(model, opt))
+    return {"aux_coef": aux_coef, "z_coef": z_coef, "bias_rate": bias_rate, "z_held_out": z.item() / world,
+            "state": state, "losses": losses, "accuracy": hits[0].item() / hits[1].item(),
             "per_rank_counts": counts, "per_expert": per_expert, "tokens_per_rank": x.numel(),
             "imbalance": max(imbalance(c) for c in per_expert), "seconds": seconds,
             "capacity": capacity,                                  # per rank: dropped_by_capacity
             "dp": dp, "ep": ep, "k": o["k"], "experts": o["experts"]}
 
 
+BIAS_RATE = 0.01      # aux-free bias step (DeepSeek-V3: 0.001 over far longer runs)
+Z_COEF = 0.01         # router z-loss weight (ST-MoE: 0.001 over far longer runs)
+
+
 def balance_study(aux_coef: float = 0.01, steps: int = DEFAULTS["steps"], log_every: int = 20,
-                  **overrides) -> dict:
-    """The same training without and with the balancing loss (on every rank)."""
+                  bias_rate: float = BIAS_RATE, z_coef: float = Z_COEF, **overrides) -> dict:
+    """The same training without any balancing, with the balancing loss, with aux-loss-free
+    bias balancing, and with the balancing loss plus the router z-loss (on every rank)."""
     return {"without": run(0.0, log_every=log_every, steps=steps, **overrides),
-            "with": run(aux_coef, log_every=log_every, steps=steps, **overrides)}
+            "with": run(aux_coef, log_every=log_every, steps=steps, **overrides),
+            "aux_free": run(0.0, log_every=log_every, steps=steps, bias_rate=bias_rate, **overrides),
+            "z_loss": run(aux_coef, log_every=log_every, steps=steps, z_coef=z_coef, **overrides)}
 
 
 def parse_args(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--ep", type=positive_int, default=0, help="expert-parallel size (default: all ranks)")
     p.add_argument("--aux-coef", type=float, default=0.01, help="weight of the balancing loss (0: off)")
+    p.add_argument("--z-coef", type=float, default=0.0, help="weight of the router z-loss (0: off)")
+    p.add_argument("--bias-rate", type=float, default=0.0,
+                   help="aux-loss-free bias balancing at this rate per step (0: off; DeepSeek-V3: 0.001)")
     p.add_argument("--gates", choices=("auto", "renormalised", "probability"), default="auto",
                    help="auto: renormalised over the k choices for k >= 2, the probability for k = 1")
     p.add_argument("--steps", type=positive_int, default=DEFAULTS["steps"])
@@ -157,8 +189,10 @@ def check(args, env=None) -> int:
     found = ranks_from_env(env)
     world = found[2] if found else 1
     ep = args.ep or world
-    if not (math.isfinite(args.aux_coef) and args.aux_coef >= 0):
-        raise LaunchError(f"error: --aux-coef must be a number >= 0, got {args.aux_coef}")
+    for flag in ("aux_coef", "z_coef", "bias_rate"):
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value >= 0):
+            raise LaunchError(f"error: --{flag.replace('_', '-')} must be a number >= 0, got {value}")
     if args.dim % args.heads:
         raise LaunchError(f"error: --dim {args.dim} is not divisible by --heads {args.heads}; "
                           f"use a multiple of {args.heads}")
@@ -188,7 +222,7 @@ def main(argv=None):
         print0(f"training the MoE TransformerLM ({args.experts} experts, top-{args.k}) on the sort "
                f"task: {ctx.world_size} processes, ep={ep}, aux_coef={args.aux_coef:g}, "
                f"{ctx.backend} on {ctx.device.type}")
-        r = run(args.aux_coef, ep, log_every=10, steps=args.steps, batch_size=args.batch_size,
+        r = run(args.aux_coef, ep, log_every=10, z_coef=args.z_coef, bias_rate=args.bias_rate, steps=args.steps, batch_size=args.batch_size,
                 lr=args.lr, experts=args.experts, k=args.k, capacity_factor=args.capacity_factor,
                 dim=args.dim, heads=args.heads, layers=args.layers, seed=args.seed,
                 renormalise={"auto": None, "renormalised": True, "probability": False}[args.gates])
