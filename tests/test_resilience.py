@@ -130,3 +130,16 @@ def test_elastic_history_counts_the_runs_history_not_the_undone_steps():
     assert [w["size"] for w in r["worlds"]] == [2, 1] and r["worlds"][0]["restarts"] == {100: 0, 200: 0}
     assert r["worlds"][1]["restarts"] == {100: 1} and r["worlds"][1]["resumed_at"] == 16
     assert (r["seen"], r["unique"], r["expected"], r["recomputed"]) == (32, 32, 32, 4), r
+
+
+def test_elastic_history_cli_names_a_nodes_processes_and_fails_without_exactly_once(tmp_path, capsys):
+    import json
+    rows = [{"t": 0, "event": "start", "rank": 0, "world": 1, "master_port": 5, "agent": 10, "pid": 11,
+             "host": "n2", "attempt": 0, "resumed_at": 0},
+            {"t": 1, "event": "step", "rank": 0, "world": 1, "master_port": 5, "consumed": 8, "samples": list(range(8))},
+            {"t": 2, "event": "end", "samples": 16, "batch_size": 8, "eval_loss": 1.0}]
+    (tmp_path / "worker_11.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert elastic_history.main([str(tmp_path), "--pids-on", "n2"]) == 0
+    assert capsys.readouterr().out.split() == ["10", "11"]
+    assert elastic_history.main([str(tmp_path)]) == 1           # 8 of the epoch's 16 samples
+    assert "seen=8 unique=8 expected=16 exactly_once=0" in capsys.readouterr().out

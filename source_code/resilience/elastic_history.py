@@ -6,11 +6,15 @@
   undid was computed, then computed again from the checkpoint: it is counted as recomputed,
   not as seen). Exactly once: seen == unique == the epoch's full batches;
 * ``reference_loss``: the same global batches on one process with no failure, for comparison.
+
+    python -m source_code.resilience.elastic_history LOG_DIR     # the summary line of a finished run
+    python -m source_code.resilience.elastic_history LOG_DIR --pids-on HOST   # a node's agent and workers
 """
 from __future__ import annotations
 
 import glob
 import os
+import sys
 
 from source_code import workload
 from source_code.resilience import common
@@ -63,3 +67,26 @@ def reference_loss(samples: int, batch_size: int) -> float:
         workload.loss_fn(model, x_all[idx], y_all[idx]).backward()
         optimizer.step()
     return common.eval_loss(model, dataset)
+
+
+def main(argv=None) -> int:
+    """Exit status 0 only when every sample of the epoch is in the run's history exactly once."""
+    argv = sys.argv[1:] if argv is None else argv
+    events = read(argv[0])
+    if len(argv) == 3 and argv[1] == "--pids-on":
+        print(" ".join(sorted({str(p) for s in events["start"] if s.get("host") == argv[2]
+                               for p in (s["pid"], s["agent"])})))
+        return 0
+    if not events["end"]:
+        print(f"error: no finished run in {argv[0]} (no end event)", file=sys.stderr)
+        return 1
+    end = events["end"][-1]
+    r = summarise(events, end["samples"], end["batch_size"])
+    once = r["seen"] == r["unique"] == r["expected"]
+    print(f"summary: worlds={','.join(str(w['size']) for w in r['worlds'])} recomputed={r['recomputed']} "
+          f"seen={r['seen']} unique={r['unique']} expected={r['expected']} exactly_once={int(once)}")
+    return 0 if once else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

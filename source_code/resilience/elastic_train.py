@@ -20,6 +20,7 @@ Every step is logged (rank, world, attempt, samples) for the harness to count.
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import torch
@@ -61,7 +62,7 @@ def train(me, args) -> None:
         reshard.load(found, model, optimizer, position)           # any world size -> this one
     resumed_at, port = position.consumed, int(os.environ["MASTER_PORT"])    # port: new every round
     log.write(event="start", rank=me.rank, world=me.world_size, master_port=port, attempt=attempt,
-              pid=os.getpid(), agent=os.getppid(), resumed_at=resumed_at)
+              pid=os.getpid(), agent=os.getppid(), host=socket.gethostname(), resumed_at=resumed_at)
     print0(f"world {me.world_size} (restart count {attempt}): "
            + (f"resumed at sample {position.consumed} from {os.path.basename(found)}" if found else "started"))
     total = len(dataset) // args.batch_size * args.batch_size
@@ -77,7 +78,8 @@ def train(me, args) -> None:
         if me.rank == 0:
             mark_latest(args.checkpoint_dir, name)
     if me.rank == 0:
-        log.write(event="end", world=me.world_size, consumed=position.consumed,
+        log.write(event="end", world=me.world_size, consumed=position.consumed, samples=len(dataset),
+                  batch_size=args.batch_size,
                   digest=common.digest(model), eval_loss=common.eval_loss(model, dataset))
     print0(f"world {me.world_size}: epoch done ({position.consumed} samples)")
 
