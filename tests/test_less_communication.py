@@ -166,3 +166,9 @@ def test_entry_point_meets_the_bytes_goals_at_dim_64_and_not_the_quality_goal():
     assert p == pytest.approx((2 * n + (steps - 2) * k) / (steps * n), abs=1e-4), last
     assert p <= 0.1 and d <= 0.05, f"the bytes goals should be met at dim {dim}, rank {rank}: {last}"
     assert g > 0.05, f"DiLoCo's gap met G <= 0.05 here: the notebook says it does not, update it: {last}"
+
+
+def test_streaming_delay_beyond_a_round_is_refused():
+    params = [torch.zeros(3) for _ in range(4)]
+    with pytest.raises(ValueError, match=r"tau must be in \[0, H=20\)"):
+        streaming.StreamingDiLoCo(params, 20, 4, delay=20)

@@ -110,5 +110,8 @@ class StreamingDiLoCo:
                 offset += g.numel()
             self.outers[f].step()
             for p, g in zip(self.frags[f], self.global_params[f]):
-                p.mul_(self.mix).add_(g, alpha=1 - self.mix) if self.mix else p.copy_(g)
+                if self.mix:                               # keep part of the tau steps' progress
+                    p.mul_(self.mix).add_(g, alpha=1 - self.mix)
+                else:
+                    p.copy_(g)                             # as the synchronous version does
         self.in_flight = keep
