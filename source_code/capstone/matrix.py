@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from source_code import torch_versions
 from source_code.capstone import normalisation, runners_combo, runners_dp, runners_model, seed
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.errors import LaunchError, run_main
@@ -29,6 +30,7 @@ from source_code.mesh.parity import quiet_redistribute_warnings
 WORLD = 4
 GROUPS = {"data parallel": runners_dp, "model parallel": runners_model, "combinations": runners_combo}
 NAMES = tuple(n for module in GROUPS.values() for n in module.NAMES)
+FULLY_SHARD = ("FSDP2", "FSDP x TP")   # the configurations built on torch's fully_shard
 
 
 def family(name: str) -> str:
@@ -40,6 +42,11 @@ def check(steps: int, batch_size: int, names=NAMES) -> None:
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise LaunchError(f"error: unknown configuration {unknown[0]!r}; choose from {', '.join(NAMES)}")
+    sharded = [n for n in names if n in FULLY_SHARD]
+    if sharded and not torch_versions.supported("fsdp2", "cpu"):   # the processes run on the CPU
+        others = " ".join(repr(n) for n in names if n not in FULLY_SHARD)
+        raise LaunchError(f"{torch_versions.refusal('fsdp2')}; {', '.join(sharded)} use(s) it "
+                          f"(the others run here: --configs {others})")
     need = 2 * runners_model.MICROBATCHES          # PP x DP: 2 pipelines x 4 microbatches
     if batch_size % need:
         raise LaunchError(f"error: --batch-size {batch_size} must be a multiple of {need} "
