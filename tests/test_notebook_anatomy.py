@@ -103,6 +103,21 @@ def test_time_check_catches_a_missing_or_wrong_estimate(tmp_path):
         assert bool(time_problems(nb)) == bad, (source, seconds)
 
 
+def _kernel_display_name() -> str:
+    """What JupyterLab writes into a notebook's kernelspec when its kernel (this venv's) starts."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    return KernelSpecManager().get_kernel_spec("python3").display_name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_opening_the_notebook_in_the_lab_changes_nothing(path):
+    """A stored kernelspec that differs from the kernel's marks the notebook modified as soon as
+    the lab opens it, and autosave then rewrites the tracked file (test_jupyterlab.py sees it in
+    a browser for one notebook; this checks all of them from the files)."""
+    spec = json.loads(path.read_text())["metadata"]["kernelspec"]
+    assert (spec["name"], spec["display_name"]) == ("python3", _kernel_display_name()), spec
+
+
 def test_the_start_page_links_every_notebook_in_order_under_its_title():
     start = (NOTEBOOKS[0].parent / "START_HERE.md").read_text()
     linked = re.findall(r"^\d+\. \[(.+)\]\((\d\d_\w+\.ipynb)\)$", start, re.M)
