@@ -91,6 +91,7 @@ def main(argv=None):
                           "pick a step between snapshots")
     if not (args.step_seconds >= 0 and args.failures_per_day > 0):
         raise LaunchError("error: --step-seconds must be >= 0 and --failures-per-day > 0")
+    ft_run.require_torchft()
     res = compare(args.steps, args.kill_at_step, args.snapshot_every, args.step_seconds,
                   args.failures_per_day)
     if args.out:

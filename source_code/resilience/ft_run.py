@@ -26,6 +26,16 @@ from source_code.resilience import common, recovery
 QUIET = {"RUST_LOG": "error"}      # torchft's Rust side logs every quorum at INFO
 
 
+def require_torchft() -> None:
+    """Stop in one line, before any process starts, where torchft cannot be imported."""
+    import importlib.util
+    import torch
+    if importlib.util.find_spec("torchft") is None:
+        raise LaunchError(f"error: torchft is not installed here (torch {torch.__version__}; torchft 0.2 "
+                          "needs torch 2.7 or newer): pip install --no-deps torchft==0.2.0 and the "
+                          "opentelemetry packages of requirements.txt, or use the workshop's environment (make venv)")
+
+
 def start_lighthouse(min_replicas: int = 1):
     os.environ.update(QUIET)
     from torchft._torchft import LighthouseServer
@@ -115,6 +125,7 @@ def main(argv=None):
         raise LaunchError("error: --replicas must be >= 2: a killed group needs a live peer to heal from")
     if not 0 < args.kill_at_step < args.steps:
         raise LaunchError(f"error: --kill-at-step must be in 1..{args.steps - 1} (below --steps)")
+    require_torchft()
     res = run(args.replicas, args.steps, args.kill_at_step, step_seconds=args.step_seconds)
     print(f"summary: ft_steps_lost={res['steps_lost']} seconds_without_progress="
           f"{res['seconds_without_progress']:.2f} discarded_attempts={res['discarded']} "

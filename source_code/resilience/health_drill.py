@@ -58,7 +58,8 @@ def _rank_drill(steps, every, slow_rank, slow_s, hang_rank, hang_timeout_s, batc
             times.add(time.perf_counter() - t0)
             dog.at(step, "all_reduce")
             for p in model.parameters():
-                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+                dist.all_reduce(p.grad)
+                p.grad /= world
             optimizer.step()
             if (step + 1) % every == 0 and step < steps:
                 g0 = time.perf_counter()

@@ -76,7 +76,8 @@ def train_step(model, optimizer, position: EpochPosition, dataset) -> list[int]:
     optimizer.zero_grad()
     workload.loss_fn(model, x_all[idx], y_all[idx]).backward()
     for p in model.parameters():
-        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        dist.all_reduce(p.grad)          # the sum (gloo has no AVG before torch 2.8), then the mean
+        p.grad /= world
     optimizer.step()
     return idx
 

@@ -39,7 +39,8 @@ def _rank_drill(steps: int, faults: list, batch_size: int = 24) -> dict:
         loss = workload.loss_fn(model, x, y)
         loss.backward()
         for p in model.parameters():                       # data parallelism, written out
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+            dist.all_reduce(p.grad)
+            p.grad /= world
         optimizer.step()
         for f_rank, f_step, kind in faults:
             if inject and step == f_step and rank == f_rank and (kind == "repeat" or not replay):
