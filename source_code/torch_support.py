@@ -71,6 +71,7 @@ ENTRY_POINTS = [
     ("16", T, 2, "source_code.frameworks.deepspeed_train", "--epochs 1 --max-steps 4 --zero-stage 3"),
     ("17", P, 1, "source_code.resilience.compare", "--steps 24 --kill-at-step 6 --snapshot-every 4"),
     ("17", P, 1, "source_code.resilience.health_drill", "--world-size 3 --slow-rank 2 --hang-rank 1"),
+    ("17", P, 1, "source_code.resilience.elastic", ""),
     ("18", T, 2, "source_code.less_communication.train", "--steps 8 --every 4 --sweep 2 --fragments 2"),
     ("19", P, 1, "source_code.capstone.matrix", ""),
     ("19", T, 4, "source_code.capstone.choose", "--dp 2 --cp 2"),
