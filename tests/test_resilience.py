@@ -71,6 +71,7 @@ def test_recovery_metrics_on_made_up_logs():
     (young_daly.main, ["--snapshot-seconds", "-1"], "positive"),
     (elastic.main, ["--batch-size", "7"], "even"),
     (elastic.main, ["--kill-after", "200", "--samples", "320"], "first half"),
+    (elastic.main, ["--kill-after", "16", "--samples", "64"], "before a new node can join"),
     (elastic.main, ["--max-restarts", "0"], "--max-restarts"),
     (reshard.main, ["--batch-size", "24", "--after", "5"], "divide"),
 ])

@@ -153,6 +153,11 @@ def summary_line(r: dict) -> str:
             f"exactly_once={int(r['seen'] == r['unique'] == r['expected'])}")
 
 
+# seconds of work world 1 must have left when node B dies for node C to join in time: 64 samples
+# (1.2 s left) ended before C joined, 240 (5.2 s, the default) did not, on 2 loaded CPU cores
+JOIN_S = 4.0
+
+
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--kill-after", type=positive_int, default=32, help="samples before node B dies")
@@ -165,6 +170,11 @@ def main(argv=None):
         raise LaunchError("error: --batch-size must be even and divide --kill-after")
     if a.kill_after >= a.samples // 2:
         raise LaunchError("error: --kill-after must be in the first half of the epoch (below --samples / 2)")
+    left_s = (a.samples - a.kill_after) * a.sample_seconds   # world 1's work before node C must join
+    if left_s < JOIN_S:
+        raise LaunchError(f"error: the epoch would end {left_s:.1f} s after node B dies, before a new node "
+                          f"can join (a node takes about {JOIN_S:.0f} s to start here); raise --samples or "
+                          "--sample-seconds")
     if a.max_restarts < 1 or not a.sample_seconds >= 0:
         raise LaunchError("error: --max-restarts must be >= 1 (a lost node fails a worker) and --sample-seconds >= 0")
     print(summary_line(drill(a.kill_after, a.samples, a.batch_size, a.sample_seconds, a.max_restarts)))
