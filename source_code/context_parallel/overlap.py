@@ -63,6 +63,15 @@ def hop_bytes_per_token(layer: Layer, phase: str = "forward") -> float:
     return kv + (2 * layer.batch * layer.kv_heads * layer.head_dim * 4 if phase == "backward" else 0)
 
 
+def query_hop_bytes_per_token(layer: Layer) -> float:
+    """Bytes per token of one forward hop if the queries travelled instead of K and V: the block's
+    q (all heads, in the activations' dtype) goes on together with its running output and
+    log-sum-exp, which must stay fp32 while n partial results are merged into them (as the ring's
+    dK/dV sums do), and come home after the last hop."""
+    q = layer.batch * layer.heads * layer.head_dim * layer.itemsize
+    return q + layer.batch * layer.heads * layer.head_dim * 4 + layer.batch * layer.heads * 4
+
+
 def threshold(flops_pair: float, bytes_token: float, rate: float, bandwidth: float, alpha: float = 0.0) -> float:
     """Tokens per rank c* from which compute(c) >= transfer(c) (the positive root above)."""
     a, b = flops_pair / rate, bytes_token / bandwidth
