@@ -17,7 +17,7 @@ EXPECTED = {
     "policy": 1, "mixed": 1, "main_job": 1, "resume": 1, "fallback": 1, "parity": 1, "sync": 1,
     "dataparallel": 1, "memory": 1, "lightning": 1, "lightning_fsdp": 1, "accelerate": 1,
     "accelerate_fsdp2": 1, "deepspeed": 1, "sharding_dcp": 1, "zero": 1, "profiler": 1,
-    "memory_report": 1, "mfu": 1, "memory_precision": 1, "allocator": 1, "offload": 1,
+    "memory_report": 1, "mfu": 1, "memory_precision": 1, "allocator": 1, "offload": 1, "own_fsdp_bf16": 1,
     "nccl_multi": 2, "main_job_multi": 2, "ring": 3, "ddp_compare": 2, "zero_multi": 2,
     "sharding_reshard": 2, "pipeline_own": 2, "pipeline_lib": 2, "tp_own": 2, "tp_dtensor": 2,
     "tp_compare": 2, "hang": 2, "mesh_2d": 4, "context_parallel": 2, "expert_parallel": 2,

@@ -67,6 +67,7 @@ def test_flop_counter_counts_model_and_attention_flops_on_any_device():
 
 def test_datasheet_peaks_and_which_row_a_device_gets(monkeypatch):
     assert mfu.datasheet_row("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert mfu.datasheet_row("NVIDIA H200") == "H100 SXM"   # same chip and peaks, more memory
     assert mfu.datasheet_row("NVIDIA A100-SXM4-80GB") == "A100"
     assert mfu.datasheet_row("AMD Instinct MI250X") == "MI250X GCD"
     assert mfu.datasheet_row("NVIDIA H100 PCIe") is None  # another part: not the SXM's peak

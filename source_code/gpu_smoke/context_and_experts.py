@@ -19,9 +19,12 @@ def context_parallel(env: Env, check: Check) -> str:
     s = parse_records(out, "summary")[-1]
     tol = float(line_with(out, "tolerance").split()[1])
     assert s["cp_max_abs_diff"] <= tol and s["zigzag_work_imbalance"] <= 1.05, s
+    # the other families: all-gather of K/V (NCCL all_gather / reduce_scatter), Ulysses (all-to-all)
+    assert s["ulysses_max_abs_diff"] <= tol and s["allgather_max_abs_diff"] <= tol, s
     if env.device == "cuda":   # the library's ring needs a GPU attention kernel: here it must run
         assert s["library"] == "ran", line_with(out, "torch context_parallel")
-    return (f"ring attention on {where}: max diff {s['cp_max_abs_diff']:.1e} (tolerance {tol:g}), zigzag "
+    return (f"ring attention on {where}: max diff {s['cp_max_abs_diff']:.1e} (tolerance {tol:g}), "
+            f"all-gather {s['allgather_max_abs_diff']:.1e}, Ulysses {s['ulysses_max_abs_diff']:.1e}, zigzag "
             f"imbalance {s['zigzag_work_imbalance']:.3f}, torch's context_parallel: {s['library']}")
 
 
@@ -30,8 +33,10 @@ def expert_parallel(env: Env, check: Check) -> str:
     where = computed_on(out, env, "expert_parallel.compare")
     s = parse_records(out, "summary")[-1]
     assert s["ep_max_abs_diff"] <= s["tol"] and s["balance_loss_effect"] < 1, s
+    assert s["aux_free_balance_effect"] < 1, s
     return (f"MoE with all-to-all on {where}: max diff {s['ep_max_abs_diff']:.1e} over {s['cases']} cases "
-            f"(tolerance {s['tol']:g}), balancing loss effect {s['balance_loss_effect']:.3f}")
+            f"(tolerance {s['tol']:g}), balancing loss effect {s['balance_loss_effect']:.3f}, "
+            f"aux-free bias effect {s['aux_free_balance_effect']:.3f}")
 
 
 def moe_bench(env: Env, check: Check) -> str:

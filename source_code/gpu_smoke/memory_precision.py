@@ -1,4 +1,5 @@
-"""The check of memory, precision and recomputation (notebook 08): one GPU.
+"""The checks of memory, precision and recomputation (notebook 08) and of FSDP by hand in
+bf16 (notebook 09): one GPU.
 
 On a GPU the report counts activations with the CUDA kernels' own saved tensors (the formula
 must still hold), sets the caching allocator's peak beside the counted peak, and draws a
@@ -6,6 +7,7 @@ memory snapshot (``torch.cuda.memory._record_memory_history``) to a PNG.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from source_code.gpu_smoke.harness import TMP, Check, Env, Run, computed_on
@@ -48,6 +50,25 @@ def offload(env: Env, check: Check) -> str:
             f"{s['max_abs_grad_diff']:.1e}, {s['time_ratio']:.2f}x the step time")
 
 
+def own_fsdp_bf16(env: Env, check: Check) -> str:
+    """FSDP by hand in bf16 (own_fsdp_mixed.py) against fully_shard with MixedPrecisionPolicy:
+    the all-gathers carry half the bytes of fp32, the reduce-scatters the same (fp32 reduce),
+    and the two bf16 implementations agree (same cuBLAS calls on one GPU)."""
+    out = env.launch(check)
+    where = computed_on(out, env, "sharding.own_fsdp_report")
+    r = json.loads(Path(env.tmp, "own1.json").read_text())
+    comm, by, par = r["comm"], r["bytes"], r["parity"]
+    assert comm["own_fsdp_bf16"]["all_gather"] * 2 == comm["own_fsdp"]["all_gather"], comm
+    assert comm["own_fsdp_bf16"]["reduce_scatter"] == comm["own_fsdp"]["reduce_scatter"], comm
+    assert by["own_fsdp_bf16"]["gathered"] * 2 == by["own_fsdp"]["gathered"], by
+    d, drift = (par["own_fsdp_bf16_vs_fully_shard_bf16"]["max_abs_diff"],
+                par["own_fsdp_bf16_vs_own_fsdp"]["max_abs_diff"])
+    assert d <= 1e-6 < drift, par
+    return (f"on {where}: bf16 all-gather {comm['own_fsdp_bf16']['all_gather']} B (fp32 "
+            f"{comm['own_fsdp']['all_gather']} B), own vs fully_shard in bf16 {d:.1e}, "
+            f"bf16 vs fp32 {drift:.1e}")
+
+
 CHECKS = [
     Check("memory_precision", 1, (Run("python", "source_code.memory.report",
                                       ("--device", "auto", "--snapshot", f"{TMP}/memory_timeline.png")),),
@@ -56,4 +77,6 @@ CHECKS = [
           gpu_only="reserved vs allocated is the CUDA caching allocator's"),
     Check("offload", 1, (Run("python", "source_code.memory.offload", ("--device", "auto")),), offload,
           gpu_only="save_on_cpu moves nothing on a CPU"),
+    Check("own_fsdp_bf16", 1, (Run("torchrun", "source_code.sharding.own_fsdp_report",
+                                   ("--out", f"{TMP}/own1.json")),), own_fsdp_bf16),
 ]

@@ -90,8 +90,10 @@ DATASHEET = {
     "A100": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
     "MI250X GCD": {"bf16": 191.5e12, "tf32": None, "fp32": 47.9e12},
 }
-DEVICE_NAMES = (("H100 80GB HBM3", "H100 SXM"), ("H100 SXM", "H100 SXM"), ("A100", "A100"),
-                ("MI250X", "MI250X GCD"))  # torch.cuda.get_device_name() -> DATASHEET row
+# torch.cuda.get_device_name() -> DATASHEET row. The H200 is the H100 SXM's chip with more and
+# faster memory (141 GB HBM3e): its data sheet lists the same dense peaks, so it shares the row.
+DEVICE_NAMES = (("H100 80GB HBM3", "H100 SXM"), ("H100 SXM", "H100 SXM"), ("H200", "H100 SXM"),
+                ("A100", "A100"), ("MI250X", "MI250X GCD"))
 GOAL = {"gpu": "H100 SXM", "format": "bf16", "mfu": 0.40}  # the workshop's MFU goal on one H100
 
 

@@ -15,7 +15,7 @@ N slices whose gradients it adds up (sharding/parity.py). Printed, rank 0:
             fully_shard_bf16, and against own_fsdp in fp32)
     bytes: impl=ddp resident=B gathered=G peak=P      (per rank, one line per implementation)
     prefetch: forward_ms none=.. prefetch=.. hidden none=.. prefetch=..   (own_fsdp_timeline.py)
-    summary: ... bf16_vs_fully_shard_bf16=M own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R
+    summary: world_size=N device=D ... bf16_vs_fully_shard_bf16=M own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R
 
 resident: parameters + gradients + optimizer state this rank holds after a step (before
 zero_grad): what stays between layers (measure.state_bytes; own FSDP's full buffers counted
@@ -207,7 +207,7 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
-    print(f"summary: world_size={res['world_size']} steps={res['steps']} units={len(res['units'])} "
+    print(f"summary: world_size={res['world_size']} device={res['device']} steps={res['steps']} units={len(res['units'])} "
           f"replicated={len(res['replicated'])} "
           f"fully_shard_max_abs_diff={res['parity']['fully_shard']['max_abs_diff']:.3g} "
           f"bf16_vs_fully_shard_bf16={res['parity']['own_fsdp_bf16_vs_fully_shard_bf16']['max_abs_diff']:.3g} "

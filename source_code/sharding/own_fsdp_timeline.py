@@ -109,7 +109,9 @@ def predict(unit_bytes: dict, unit_params: dict, tokens: int, world: int, node=G
     # prefetch: unit i+1's gather runs under unit i's compute; the first one is exposed
     overlapped = gather[0] + sum(max(c, g) for c, g in zip(compute, gather[1:] + [0.0]))
     hidden = sum(min(c, g) for c, g in zip(compute, gather[1:]))
-    return {"serial_s": serial, "prefetch_s": overlapped, "hidden_fraction": hidden / sum(gather)}
+    # one rank gathers nothing: nothing to hide
+    return {"serial_s": serial, "prefetch_s": overlapped,
+            "hidden_fraction": hidden / sum(gather) if sum(gather) else 0.0}
 
 
 def unit_sizes(cfg: dict, world: int) -> tuple[dict, dict]:
