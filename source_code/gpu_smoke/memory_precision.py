@@ -24,7 +24,10 @@ def memory_precision(env: Env, check: Check) -> str:
     if env.device == "cuda":
         gpu = parse_records(out, "gpu")[-1]
         assert Path(env.tmp, "memory_timeline.png").exists(), "no memory snapshot figure"
-        text += f"; allocator peak / counted peak {gpu['allocator_ratio']:.2f}, snapshot drawn"
+        # the same ratio seen by the caching allocator: full recomputation's peak over none's
+        assert abs(gpu["allocator_ratio"] - s["recompute_memory_ratio"]) <= 0.1, (gpu, s)
+        text += (f"; the allocator's peak agrees: {gpu['allocator_ratio']:.2f} of the peak with "
+                 f"full recomputation, snapshot drawn")
     return text
 
 
