@@ -1,0 +1,14 @@
+"""Every notebook is also a slide deck: slide boundaries in the cells' `metadata.slideshow`.
+
+    python -m source_code.slides --mark notebooks/05_ddp.ipynb ...   # write the rule's slide types
+    python -m source_code.slides --check                             # stale or missing ones? (exit 1)
+    python -m source_code.slides --export slides                     # slides/NN_name.slides.html
+    make slides                                                      # the same export
+
+Live: in JupyterLab (`make lab`), open a notebook and press Alt+R (or "Render as slideshow" in
+the command palette): RISE (jupyterlab-rise) presents it from the same cells, offline.
+Static: `--export` writes one reveal.js deck per notebook for presenting from a browser; the
+files it needs come from the installed jupyterlab-rise, nothing is fetched.
+Where the boundaries go is one rule (rules.py), applied by `--mark` and idempotent; `--check`
+(run by tests/test_slides.py) names the notebooks whose stored types the rule would change.
+"""
