@@ -17,6 +17,9 @@ Lesson files (notebook 13), in reading order:
 * families.py  -- all-gather CP (Llama 3) and Ulysses (DeepSpeed) beside the ring
 * overlap.py   -- when a ring hop hides behind the attention: the tokens per rank c*, with
                   the datasheet rates of an H100 node (NVLink) and InfiniBand
+* model_step.py -- a whole TransformerLM training step under DP x CP: the tokens with their
+                  global positions and their labels, the loss over the global token count,
+                  the gradients summed over DP x CP
 * library.py   -- torch.distributed.tensor.experimental.context_parallel on the same inputs
 
 Harness, measurements, checks:
@@ -24,9 +27,11 @@ Harness, measurements, checks:
                   wrapper that times block attention and counts the entries it scored
 * harness.py   -- parity with full attention on one process, per rank
 * family_check.py -- the three families side by side: parity, bytes per rank, memory per rank
+* model_check.py -- the model step against one process, and four typical mistakes measured
 * memory.py    -- activation bytes of a block as the sequence grows, with and without CP
 * timing.py    -- step times of the layouts, overlapped vs serialized transfers, a size sweep
-* compare.py   -- entry point: parity on 2 and 4 processes, work per rank, the library
+* compare.py   -- entry point: parity on 2 and 4 processes, work per rank, the model step,
+                  the library
 * figures.py   -- layouts, activation bytes, Gantt chart
 * exercises.py -- notebook 13's exercise: check function (solution: solutions/nb13_context_parallel.py)
 

@@ -11,14 +11,17 @@ and torch's ``context_parallel`` on the same inputs (library.attempt: on the CPU
 and the line says so with the library's own message). Printed last:
 
     summary: worlds=2,4 cases=C library=... cp_max_abs_diff=D zigzag_work_imbalance=I
-             ulysses_max_abs_diff=U allgather_max_abs_diff=G
+             ulysses_max_abs_diff=U allgather_max_abs_diff=G model_step_max_abs_diff=S
 
 The other two families (family_check.py: all-gather of K/V and Ulysses, with the heads
 raised to a multiple of the world size so that Ulysses can split them) run the same cases; a line per world size gives each
 family's bytes per rank. D is the ring's largest |difference| over every case, rank and
 tensor, U and G the same for Ulysses and all-gather (goal: <= 1e-5 in fp32 on the CPU,
 parity.tolerance); I is max/min pairs per rank with zigzag, causal, over the world
-sizes (goal: <= 1.05). Exit status 2 and one line when a goal is missed or a flag is wrong
+sizes (goal: <= 1.05). S is a whole TransformerLM training step under CP (model_check.py: DP 1 x
+CP 2 on 2 processes, DP 2 x CP 2 on 4, each attention family) against one process on the full
+batch: the largest |difference| of the loss or any gradient (goal <= 1e-5 in fp32); a line per
+world size also gives what each typical mistake does to the gradients. Exit status 2 and one line when a goal is missed or a flag is wrong
 (--seq must be positive and a multiple of 2 x each world size).
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from source_code import processes
 from source_code.cli import Parser, positive_int
-from source_code.context_parallel import family_check, harness, layout as lay, library
+from source_code.context_parallel import family_check, harness, layout as lay, library, model_check
 from source_code.context_parallel.memory import cp_report
 from source_code.device_policy import exact_math
 from source_code.distributed import run_main
@@ -47,6 +50,7 @@ def report(shape: harness.Shape = harness.Shape(), lengths=(), with_library: boo
     if lengths:
         harness.say(f"activation bytes counted for t = {', '.join(map(str, lengths))}", verbose)
     out["families"] = family_check.report(shape, verbose, lengths)
+    out["model_step"] = model_check.report(verbose)
     out["library"] = library.attempt(shape) if with_library else None
     if with_library:
         harness.say("torch's context_parallel tried", verbose)
@@ -67,9 +71,12 @@ def summarize(runs: dict) -> dict:
             rows.append({"world": world, "layout": case["layout"], "causal": case["causal"], **diffs})
     fam = {f: max(row["max_diff"] for per_rank in runs.values() for r in per_rank
                   for row in r["families"]["rows"] if row["family"] == f) for f in ("ulysses", "allgather")}
+    step = max(max(row["loss_diff"], row["grad_diff"]) for per_rank in runs.values() for r in per_rank
+               for row in r["model_step"]["families"].values())
     zig = [lay.imbalance(w) for (world, layout, causal), w in work.items() if layout == "zigzag" and causal]
     return {"rows": rows, "work": work, "cp_max_abs_diff": worst, "zigzag_work_imbalance": max(zig),
             "ulysses_max_abs_diff": fam["ulysses"], "allgather_max_abs_diff": fam["allgather"],
+            "model_step_max_abs_diff": step,
             "device": next(iter(runs.values()))[0]["parity"]["device"]}
 
 
@@ -113,6 +120,11 @@ def main(argv=None) -> int:
                 for row in per_rank[0]["families"]["rows"]}
         print(f"bytes per rank and layer, {world} ranks, fp32: " +
               ", ".join(f"{f} {sent[f]:.0f}" for f in ("ring", "allgather", "ulysses")))
+    for world, per_rank in runs.items():
+        m = per_rank[0]["model_step"]
+        bad = {k: max(r["model_step"]["mistakes"][k]["grad_diff"] for r in per_rank) for k in m["mistakes"]}
+        print(f"model step, DP {m['dp']} x CP {m['cp']}, {m['batch']} x {m['seq']} tokens: largest |gradient| "
+              f"{m['ref_grad_max']:.2e}; |gradient difference| with " + ", ".join(f"{k} {v:.1e}" for k, v in bad.items()))
     lib = runs[worlds[0]][0]["library"]
     if lib["ran"]:
         lib_word = "ran"
@@ -123,15 +135,15 @@ def main(argv=None) -> int:
         print(f"torch context_parallel on {lib['device']} (torch {lib['torch']}): {lib['error']}")
     print(why)
     d, i = s["cp_max_abs_diff"], s["zigzag_work_imbalance"]
-    u, g = s["ulysses_max_abs_diff"], s["allgather_max_abs_diff"]
+    u, g, m = s["ulysses_max_abs_diff"], s["allgather_max_abs_diff"], s["model_step_max_abs_diff"]
     print(f"summary: worlds={','.join(map(str, worlds))} cases={len(s['rows'])} library={lib_word} "
           f"cp_max_abs_diff={d:.3e} zigzag_work_imbalance={i:.3f} ulysses_max_abs_diff={u:.3e} "
-          f"allgather_max_abs_diff={g:.3e}")
+          f"allgather_max_abs_diff={g:.3e} model_step_max_abs_diff={m:.3e}")
     if lib["ran"] and max(lib["vs_full"], lib["vs_ours"]) > tol:
         raise LaunchError(f"error: torch's context_parallel differs by {max(lib['vs_full'], lib['vs_ours']):.2e} > {tol:g}")
-    if max(d, u, g) > tol or i > IMBALANCE_GOAL:
+    if max(d, u, g, m) > tol or i > IMBALANCE_GOAL:
         raise LaunchError(f"error: goal missed: cp_max_abs_diff {d:.2e}, ulysses_max_abs_diff {u:.2e}, "
-                          f"allgather_max_abs_diff {g:.2e} (each <= {tol:g}), "
+                          f"allgather_max_abs_diff {g:.2e}, model_step_max_abs_diff {m:.2e} (each <= {tol:g}), "
                           f"zigzag_work_imbalance {i:.3f} (<= {IMBALANCE_GOAL})")
     return 0
 
