@@ -2,7 +2,8 @@
 
 ``experiment(settings)`` runs on every rank (under ``processes.spawn`` or ``train.py`` under
 torchrun) and trains, one after the other, the same TransformerLM (same seed) on the same
-global batches of the generated sort task with each method of ``methods(settings)``:
+global batches of the task ``settings["task"]`` (tasks.py: the generated sort task by default,
+or the markov task, whose loss has a floor above 0) with each method of ``methods(settings)``:
 
     ddp                            DDP with AdamW, the baseline of the local methods
     ddp-sgd, fp16, bf16            DDP with SGD + momentum (PowerSGD's setting): no hook, or
@@ -16,11 +17,13 @@ Each step runs inside ``SlowLink`` (counting only: ``sleep`` off), so every step
 collectives (kind, bytes) and its compute time (wall time minus the time its collectives
 took here): the run can then be replayed on any link (``replay_time``). ``streaming_overlap``
 runs streaming DiLoCo with its all-reduces in flight on a slowed link (``LinkInFlight``), to
-measure how much of the link the inner steps hide; ``goals_only`` trains only what the entry
-point's summary line needs. Losses are the
-workers' training losses, averaged over ranks; ``eval`` is the held-out loss of the model each
-worker ends with, averaged over ranks (``evals``: the same every ``eval_every`` steps). ``slow_link_check`` alternates DDP steps on the local
-link with steps that sleep the chosen link's time, to compare measured and modelled time.
+measure how much of the link the inner steps hide; ``floor_runs`` trains DDP and DiLoCo at H
+once more on ``floor_task`` (the markov task), where a relative loss gap means something;
+``goals_only`` trains only what the entry point's summary line needs. Losses are the workers'
+training losses, averaged over ranks; ``eval`` is the held-out loss of the model each worker
+ends with, averaged over ranks (``evals``: the same every ``eval_every`` steps); ``floor`` is
+the task's floor (``floors``). ``slow_link_check`` alternates DDP steps on the local link with
+steps that sleep the chosen link's time, to compare measured and modelled time.
 Rank 0 returns the results as plain Python values; the other ranks return None.
 """
 from __future__ import annotations
@@ -31,17 +34,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from source_code import data, workload
+from source_code import workload
 from source_code.distributed import context
-from source_code.less_communication import compression
+from source_code.less_communication import compression, tasks
 from source_code.less_communication.local_sgd import DiLoCo, LocalSGD, average_fp16
 from source_code.less_communication.slow_link import LinkInFlight, SlowLink, replay
 from source_code.less_communication.streaming import StreamingDiLoCo
 from source_code.measure import clock
 
-DEFAULTS = {"steps": 80, "batch": 32, "lr": 3e-3, "sgd_lr": 0.3, "dim": 32, "layers": 2, "rank": 2, "every": 20,
+DEFAULTS = {"steps": 80, "batch": 32, "lr": 3e-3, "sgd_lr": None, "dim": 32, "layers": 2, "rank": 2, "every": 20,
             "sweep": (10, 40), "fragments": 4, "link": "inter-site", "check_steps": 5,
-            "seed": 0, "bf16_steps": 4, "eval_every": 10, "delay": 2, "goals_only": False}
+            "seed": 0, "bf16_steps": 4, "eval_every": 10, "delay": 2, "goals_only": False,
+            "task": "sort", "floor_task": "markov"}
 
 
 def settings_with(**changes) -> dict:
@@ -64,8 +68,8 @@ SGD_METHODS = ("ddp-sgd", "fp16", "bf16", "powersgd", "powersgd-no-ef", "torch-p
 
 
 def build_model(s: dict, device):
-    cfg = workload.model_config(dim=s["dim"], n_layers=s["layers"], vocab_size=workload.SORT_VOCAB,
-                                max_len=32)
+    cfg = workload.model_config(dim=s["dim"], n_layers=s["layers"], vocab_size=tasks.vocab_size(s["task"]),
+                                max_len=tasks.LENGTH)
     return workload.build_model(cfg, s["seed"], device)
 
 
@@ -94,13 +98,14 @@ def train(method: str, s: dict, steps: int | None = None, make_sync=None) -> dic
     ctx = context()
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = s["steps"] if steps is None else steps
-    dataset = workload.sort_task(2048)
-    held_out = data.sequence_task("sort", n=256, seed=s["seed"] + 1).tensors
+    dataset = tasks.train_set(s["task"], s["seed"])
+    held_out = tasks.held_out_set(s["task"], s["seed"]).tensors
     model = build_model(s, ctx.device)
     module, sync = (model, make_sync(model)) if make_sync else _wrap(method, s, model, ctx)
     hook_state = None if hasattr(sync, "after_inner_step") else sync
     sync = sync if hasattr(sync, "after_inner_step") else None
-    opt = (torch.optim.SGD(model.parameters(), lr=s["sgd_lr"], momentum=0.9) if method in SGD_METHODS
+    sgd_lr = s["sgd_lr"] or tasks.SGD_LR[s["task"]]
+    opt = (torch.optim.SGD(model.parameters(), lr=sgd_lr, momentum=0.9) if method in SGD_METHODS
            else torch.optim.AdamW(model.parameters(), lr=s["lr"]))
     losses, compute_s, ops, held, held_steps = [], [], [], [], []
     with SlowLink(world, s["link"]) as wire:
@@ -167,7 +172,7 @@ def slow_link_check(s: dict) -> dict:
     the measured extra time of the slow step and the time the model charged it."""
     ctx = context()
     rank, world = dist.get_rank(), dist.get_world_size()
-    dataset = workload.sort_task(2048)
+    dataset = tasks.train_set(s["task"], s["seed"])
     model = build_model(s, ctx.device)
     ddp = DDP(model, device_ids=ctx.device_ids)
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"])
@@ -230,7 +235,7 @@ def streaming_overlap(s: dict) -> dict:
 
 def experiment(settings: dict | None = None) -> dict | None:
     s = settings_with(**(settings or {}))
-    out = {"settings": s, "runs": {}}
+    out = {"settings": s, "runs": {}, "floor": floors(s["task"], s["seed"])}
     if not s["goals_only"]:
         out["check"] = slow_link_check(s)
     for method in methods(s):
@@ -238,7 +243,22 @@ def experiment(settings: dict | None = None) -> dict | None:
     if not s["goals_only"]:
         out["bf16"] = bf16_on_this_backend(s)
         out["overlap"] = streaming_overlap(s)
+        if s["floor_task"] and s["floor_task"] != s["task"]:
+            out["floor_runs"] = floor_runs(s)
     return out if dist.get_rank() == 0 else None
+
+
+def floors(task: str, seed: int) -> dict:
+    """The task's floor: expected, and the true process's loss on the held-out set."""
+    return {"task": task, "expected": tasks.expected_floor(task),
+            "held_out": tasks.sample_floor(task, tasks.held_out_set(task, seed))}
+
+
+def floor_runs(s: dict) -> dict:
+    """DDP and DiLoCo at H once more, on ``floor_task`` (a task whose loss has a floor above 0)."""
+    t = {**s, "task": s["floor_task"]}
+    return {"floor": floors(t["task"], t["seed"]),
+            "runs": {m: train(m, t) for m in ("ddp", f"diloco-{s['every']}")}}
 
 
 def bf16_on_this_backend(s: dict) -> dict:
