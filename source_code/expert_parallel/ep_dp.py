@@ -10,8 +10,8 @@ the most frequent, latency-bound traffic and stays on the fast links)::
 
 Every rank trains on its own tokens (a dp * ep-th of the global batch). Gradients:
 
-* dense parameters (embeddings, attention, norms, routers, head): every rank has a copy and
-  its gradient covers its own tokens: all-reduce over ALL ranks;
+* dense parameters (embeddings, attention, norms, routers, shared experts, head): every rank
+  has a copy and its gradient covers its own tokens: all-reduce over ALL ranks;
 * expert parameters: the all-to-all brought each expert the tokens of its whole ep group, so
   its gradient already covers that group's tokens; the other copies of the same expert sit
   in the dp group: all-reduce over "dp" only. Reducing them over all ranks would add

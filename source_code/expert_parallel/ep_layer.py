@@ -9,11 +9,19 @@ Each rank routes its own tokens, then (the key lines of ``EPMoE.forward``):
     4. my experts compute                        (rows regrouped by expert, then put back in order)
     5. all-to-all back (splits swapped)          -> (my assignments, d), in the order of step 1
     6. combine: out[token] += gate * result      (the gates never left this rank)
+    7. shared experts (if any): every token, here (replicated on every rank, no all-to-all)
 
 Autograd runs the two payload all-to-alls backwards (``comm.all_to_all``). The experts'
 gradients arrive complete: each expert saw the tokens of every rank. The router is replicated:
 its gradient on a rank covers that rank's tokens only, and must be summed over the ranks like
-any data-parallel parameter (``ep_dp.reduce_gradients``).
+any data-parallel parameter (``ep_dp.reduce_gradients``); so are the shared experts'.
+
+**Dropless or capacity.** With ``capacity_factor`` None nothing is dropped: every assignment
+reaches its expert, and the rows a rank receives are whatever the routers of all ranks sent it
+(steps 2-3 exist for this: the sizes are known only after the counts arrive). With a capacity
+C per expert and rank's group, an expert takes at most n x C rows, so a rank's receive buffer
+is at most n x C x E/n rows, whatever the routing (``receive_bound``); dropless, only the
+routing bounds it: every token of every rank could pick this rank's experts.
 
 Capacity and the balancing loss are per rank (the rank's tokens are one group, router.py):
 the one-process ``MoE`` with groups = n makes the same decisions.
@@ -38,6 +46,18 @@ def owned_experts(n_experts: int, world: int, rank: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
+def receive_bound(tokens_per_rank: int, n_experts: int, k: int, capacity_factor: float | None,
+                  world: int) -> int:
+    """The most rows any rank can receive in one dispatch, whatever the routers choose: with a
+    capacity, n ranks x C x E/n experts; dropless, every token of every rank sending
+    min(k, E/n) of its k distinct choices to this rank's experts."""
+    per_rank = len(owned_experts(n_experts, world, 0))
+    dropless = world * tokens_per_rank * min(k, per_rank)
+    if capacity_factor is None:
+        return dropless
+    return min(world * router.capacity(tokens_per_rank, n_experts, k, capacity_factor) * per_rank, dropless)
+
+
 class EPMoE(nn.Module):
     """This rank's part of ``moe``: the router (a copy) and its own experts (copies)."""
 
@@ -50,6 +70,7 @@ class EPMoE(nn.Module):
         self.mine = owned_experts(self.n_experts, self.world, self.rank)
         self.router = copy.deepcopy(moe.router)
         self.experts = nn.ModuleList(copy.deepcopy(moe.experts[e]) for e in self.mine)
+        self.shared = copy.deepcopy(moe.shared)                   # replicated: every rank, whole
         self.aux_loss = self.z_loss = None
         self.counts = None
         self.balance_bias = moe.balance_bias
@@ -77,6 +98,9 @@ class EPMoE(nn.Module):
         back = comm.all_to_all(results, recv, send, self.group)               # (A, d)
         # 6. combine with the gate weights
         out = torch.zeros_like(rows).index_add(0, token, back * r.gate[token, choice, None])
+        # 7. shared experts: every token, on this rank
+        for expert in self.shared:
+            out = out + expert(rows)
         return out.view_as(x)
 
     def run_experts(self, received: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:

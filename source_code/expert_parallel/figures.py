@@ -107,3 +107,22 @@ def routing_figure(r, capacity: int):
     fig.colorbar(im, ax=ax, label="router probability", fraction=0.03)
     fig.tight_layout()
     return fig
+
+
+def receive_figure(received: dict, bound: int, even: float, row_bytes: int):
+    """Rows each rank received in the skewed dispatch, dropless and with a capacity (one bar
+    each per rank), beside the capacity's bound and the even router's share."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    ranks = np.arange(len(next(iter(received.values()))))
+    for shift, (name, rows), color in zip((-0.2, 0.2), received.items(), ("tab:red", "tab:blue")):
+        ax.bar(ranks + shift, rows, 0.4, color=color, label=name)
+    ax.axhline(bound, color="tab:blue", ls="--", lw=1, label="capacity bound: n x C x E/n rows")
+    ax.axhline(even, color="k", ls=":", lw=1, label="even router's share")
+    ax.set_xticks(ranks)
+    ax.set_xlabel("receiving rank (expert 0, the favourite, lives on rank 0)")
+    ax.set_ylabel(f"rows received ({row_bytes} B each)")
+    ax.set_ylim(0, 1.45 * max(max(max(r) for r in received.values()), bound))
+    ax.legend(fontsize=8, loc="upper right", ncol=2, frameon=False)
+    ax.set_title("dispatch receive buffer per rank, router skewed towards expert 0", fontsize=9)
+    fig.tight_layout()
+    return fig

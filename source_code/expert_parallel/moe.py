@@ -8,6 +8,15 @@ dropped at every choice (over capacity) leaves the layer unchanged.
     x (b, t, d) -> rows (N, d) -> route -> for each expert e: its rows -> MLP_e -> (rows, d)
                 -> out[token] += gate * MLP_e(x[token])   -> (b, t, d)
 
+**Shared experts** (DeepSeek-MoE, DeepSeek-V3): ``n_shared`` more MLPs that every token passes
+through, whatever the router says; their outputs are added to the routed experts' combine:
+
+    out[token] = sum_j gate_j * MLP_e_j(x[token]) + sum_s shared_s(x[token])
+
+They hold what every token needs (so the routed experts need not each learn it again); under
+expert parallelism they are replicated on every rank like the dense layers, and their
+gradients are summed over the ranks like DDP's (ep_dp.is_expert says no to them).
+
 The layer keeps the balancing loss of its last forward in ``aux_loss`` (a tensor in the
 graph: the training loss adds coef * the sum over layers) and the assignments per expert and
 group in ``counts``. Parameters grow with E; the work per token does not: every token runs
@@ -27,16 +36,20 @@ from source_code.models import MLP, TransformerLM
 
 class MoE(nn.Module):
     def __init__(self, dim: int, hidden: int, n_experts: int, k: int = 1,
-                 capacity_factor: float | None = None, groups: int = 1, renormalise: bool | None = None):
+                 capacity_factor: float | None = None, groups: int = 1, renormalise: bool | None = None,
+                 n_shared: int = 0):
         super().__init__()
         if n_experts < 1 or not 1 <= k <= n_experts:
             raise ValueError(f"a MoE needs 1 <= k <= n_experts, got k={k}, n_experts={n_experts}")
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"capacity_factor must be > 0 (or None: no limit), got {capacity_factor}")
+        if isinstance(n_shared, bool) or not isinstance(n_shared, int) or n_shared < 0:
+            raise ValueError(f"n_shared must be a whole number >= 0 (0: no shared expert), got {n_shared!r}")
         self.n_experts, self.k, self.capacity_factor, self.groups = n_experts, k, capacity_factor, groups
         self.renormalise = renormalise                     # None: renormalised gates for k >= 2
         self.router = nn.Linear(dim, n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(dim, hidden) for _ in range(n_experts))
+        self.shared = nn.ModuleList(MLP(dim, hidden) for _ in range(n_shared))   # every token, always
         self.aux_loss = self.z_loss = None
         self.counts = None
         self.balance_bias = None                           # (E,) aux-free balancing (router.update_bias)
@@ -46,7 +59,10 @@ class MoE(nn.Module):
         r = router.route(self.router(rows), self.k, self.capacity_factor, self.groups, self.renormalise,
                          self.balance_bias)
         self.aux_loss, self.counts, self.z_loss = r.aux, r.counts, r.z
-        return combine(rows, r, self.experts).view_as(x)
+        out = combine(rows, r, self.experts)
+        for expert in self.shared:                         # shared experts: every token, no gate
+            out = out + expert(rows)
+        return out.view_as(x)
 
 
 def combine(rows: torch.Tensor, r: router.Routing, experts) -> torch.Tensor:
@@ -61,14 +77,15 @@ def combine(rows: torch.Tensor, r: router.Routing, experts) -> torch.Tensor:
 
 def moe_transformer(cfg: dict, n_experts: int = 4, k: int = 1, capacity_factor: float | None = None,
                     groups: int = 1, seed: int = 0, hidden: int | None = None,
-                    renormalise: bool | None = None) -> TransformerLM:
+                    renormalise: bool | None = None, n_shared: int = 0) -> TransformerLM:
     """``models.TransformerLM(**cfg)`` with every block's MLP swapped for a MoE (hidden: 4*dim,
-    the dense MLP's size); weights drawn as TransformerLM draws them, from ``seed``."""
+    the dense MLP's size; ``n_shared`` shared experts of the same size); weights drawn as
+    TransformerLM draws them, from ``seed``."""
     torch.manual_seed(seed)
     model = TransformerLM(**cfg)
     dim = cfg["dim"]
     for block in model.layers:
-        block.mlp = MoE(dim, hidden or 4 * dim, n_experts, k, capacity_factor, groups, renormalise)
+        block.mlp = MoE(dim, hidden or 4 * dim, n_experts, k, capacity_factor, groups, renormalise, n_shared)
     model.apply(TransformerLM._init)
     return model
 
@@ -108,8 +125,10 @@ def set_routing(model: nn.Module, k: int | None = None, capacity_factor=..., gro
 
 
 def active_parameters(moe: MoE) -> dict:
-    """Parameters of the layer, and those one token's forward multiplies by (router + k experts)."""
+    """Parameters of the layer, and those one token's forward multiplies by (router + k routed
+    experts + the shared ones)."""
     per_expert = sum(p.numel() for p in moe.experts[0].parameters())
     routing = sum(p.numel() for p in moe.router.parameters())
-    return {"total": routing + moe.n_experts * per_expert, "per_token": routing + moe.k * per_expert,
-            "per_expert": per_expert, "router": routing}
+    shared = sum(p.numel() for p in moe.shared.parameters())
+    return {"total": routing + moe.n_experts * per_expert + shared, "per_token": routing + moe.k * per_expert + shared,
+            "per_expert": per_expert, "router": routing, "shared": shared}

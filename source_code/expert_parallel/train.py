@@ -4,6 +4,8 @@ balancing loss.
     torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train
     torchrun --standalone --nproc-per-node=4 -m source_code.expert_parallel.train --ep 2 --aux-coef 0
     torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train --aux-coef 0 --bias-rate 0.01
+    torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train --shared-experts 1
+    torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train --capacity-factor 1.25
     TRAIN_MODULE=source_code.expert_parallel.train sbatch slurm/ddp_single_node.slurm --experts 16
 
 The TransformerLM of models.py with its MLPs swapped for MoE layers (moe.py) learns the
@@ -11,7 +13,10 @@ generated sort task. The ranks form a (dp, ep) mesh (ep_dp.py): experts split ov
 every rank its own share of each global batch, expert gradients reduced over "dp" and the
 rest over all ranks. The loss is cross-entropy + aux_coef x the sum of the layers'
 balancing losses (+ z_coef x their router z-losses); with --bias-rate, each layer's
-aux-loss-free bias moves after every step against its load over all ranks. After training, the tokens of a held-out batch are routed once more and
+aux-loss-free bias moves after every step against its load over all ranks; --shared-experts
+adds always-on experts to every MoE layer (replicated, reduced over all ranks); without
+--capacity-factor the routing is dropless, with it the assignments each step dropped are
+counted from the dispatch all-to-all's splits. After training, the tokens of a held-out batch are routed once more and
 counted per layer and expert (before capacity dropping): the imbalance is max / mean of those
 counts, the worst layer's. Then the same batch goes through again with each capacity factor of
 ``FACTORS``: the assignments each layer dropped are counted from the rows its dispatch
@@ -28,17 +33,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from source_code.cli import Parser, positive_float, positive_int
+from source_code.cli import Parser, nonnegative_int, positive_float, positive_int
 from source_code.distributed import LaunchError, context, print0, ranks_from_env, run_main, session
 from source_code.expert_parallel import ep_dp, router, wire
 from source_code.expert_parallel.moe import aux_loss, moe_layers, moe_transformer, set_routing, z_loss
 from source_code import workload
-from source_code.measure import clock, state_bytes
+from source_code.measure import CommCounter, clock, state_bytes
 from source_code.training import loop
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.expert_parallel.train"
 DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 3e-3, "dim": 32, "layers": 2, "heads": 4,
-            "experts": 8, "k": 2, "capacity_factor": None, "seed": 0, "renormalise": None}
+            "experts": 8, "k": 2, "capacity_factor": None, "seed": 0, "renormalise": None, "shared": 0}
 HELD_OUT = 256                                     # sequences routed after training
 FACTORS = (0.5, 1.0, 1.25, 1.5, 2.0, 4.0)          # capacity factors of the held-out sweep
 
@@ -71,6 +76,21 @@ def dropped_by_capacity(model, x, factors=FACTORS) -> list:
     return out
 
 
+def counted_step(model, x, y, aux_coef: float, z_coef: float, dp_group) -> tuple:
+    """One forward + backward + gradient reduction, with what it moved counted around it: the
+    assignments the dispatch all-to-alls did not carry (dropped) out of all, and the gradient
+    bytes all-reduced."""
+    with wire.recording(model) as calls:
+        ce, loss = _local_loss(model, x, y, aux_coef, z_coef)
+    layers = moe_layers(model)
+    sent = sum(sum(calls.payload(i)[0]["send"]) for i in range(len(layers)))
+    assignments = sum(layer.k * x.numel() for layer in layers)
+    loss.backward()
+    with CommCounter(dist.get_world_size()) as comm:
+        ep_dp.reduce_gradients(model, dp_group)
+    return ce, assignments - sent, assignments, comm.payload["all_reduce"]
+
+
 def _local_loss(model, x, y, aux_coef: float, z_coef: float = 0.0):
     ce = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
     loss = ce + aux_coef * aux_loss(model)
@@ -98,17 +118,17 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, z_coef: floa
     cfg = workload.model_config(dim=o["dim"], n_layers=o["layers"], n_heads=o["heads"])
     mesh = ep_dp.make_mesh(device.type, dp, ep)
     model = moe_transformer(cfg, o["experts"], o["k"], o["capacity_factor"], seed=o["seed"],
-                            renormalise=o["renormalise"])
+                            renormalise=o["renormalise"], n_shared=o["shared"])
     model = ep_dp.to_expert_parallel(model.to(device), mesh["ep"].get_group())
     opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=0.01)
     train_set, held_out = workload.sort_task(n=2048), workload.sort_task(n=2048)
-    losses, start = [], clock(device)
+    losses, start, dropped = [], clock(device), torch.zeros(2, dtype=torch.float64)
     for step in range(o["steps"]):
         x, y = workload.rank_slice(workload.global_batch(train_set, step, o["batch_size"], o["seed"]),
                                    rank, world)
-        ce, loss = _local_loss(model, x.to(device), y.to(device), aux_coef, z_coef)
-        loss.backward()
-        ep_dp.reduce_gradients(model, mesh["dp"].get_group())
+        ce, lost, assignments, reduced = counted_step(model, x.to(device), y.to(device), aux_coef, z_coef,
+                                                      mesh["dp"].get_group())
+        dropped += torch.tensor([lost, assignments], dtype=torch.float64)
         opt.step()
         if bias_rate:
             balance_biases(model, bias_rate)
@@ -118,7 +138,8 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, z_coef: floa
         losses.append(mean.item() / world)
         if log_every and ((step + 1) % log_every == 0 or step + 1 == o["steps"]):
             print0(f"  aux_coef {aux_coef:g}" + (f", bias rate {bias_rate:g}" if bias_rate else "")
-                   + (f", z-loss {z_coef:g}" if z_coef else "") + f": step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  "
+                   + (f", z-loss {z_coef:g}" if z_coef else "") + (f", {o['shared']} shared" if o["shared"] else "")
+                   + (f", capacity {o['capacity_factor']:g}" if o["capacity_factor"] else "") + f": step {step + 1:4d}/{o['steps']}  loss {losses[-1]:.4f}  "
                    f"{clock(device) - start:6.1f}s")
     x, y = (t[-HELD_OUT:] for t in held_out.tensors)
     x, y = (t[rank * (HELD_OUT // world):(rank + 1) * (HELD_OUT // world)].to(device) for t in (x, y))
@@ -140,7 +161,10 @@ def run(aux_coef: float, ep: int | None = None, log_every: int = 0, z_coef: floa
     dist.all_gather_object(capacity, dropped_by_capacity(model, x))
     state = [None] * world
     dist.all_gather_object(state, state_bytes(model, opt))
+    dist.all_reduce(dropped)                               # over ranks: dropped, all assignments
     return {"aux_coef": aux_coef, "z_coef": z_coef, "bias_rate": bias_rate, "z_held_out": z.item() / world,
+            "shared": o["shared"], "capacity_factor": o["capacity_factor"],
+            "train_dropped": dropped[0].item() / dropped[1].item(), "allreduced_bytes": reduced,
             "state": state, "losses": losses, "accuracy": hits[0].item() / hits[1].item(),
             "per_rank_counts": counts, "per_expert": per_expert, "tokens_per_rank": x.numel(),
             "imbalance": max(imbalance(c) for c in per_expert), "seconds": seconds,
@@ -152,14 +176,29 @@ BIAS_RATE = 0.01      # aux-free bias step (DeepSeek-V3: 0.001 over far longer r
 Z_COEF = 0.01         # router z-loss weight (ST-MoE: 0.001 over far longer runs)
 
 
+CAPACITY = 1.25      # the capacity-dropping run of the study (the others are dropless)
+
+
 def balance_study(aux_coef: float = 0.01, steps: int = DEFAULTS["steps"], log_every: int = 20,
-                  bias_rate: float = BIAS_RATE, z_coef: float = Z_COEF, **overrides) -> dict:
+                  bias_rate: float = BIAS_RATE, z_coef: float = Z_COEF, more: bool = False, **overrides) -> dict:
     """The same training without any balancing, with the balancing loss, with aux-loss-free
-    bias balancing, and with the balancing loss plus the router z-loss (on every rank)."""
-    return {"without": run(0.0, log_every=log_every, steps=steps, **overrides),
+    bias balancing, and with the balancing loss plus the router z-loss (on every rank), all
+    dropless; ``more``: also with the balancing loss plus one shared expert per layer, and with
+    the balancing loss and capacity dropping at ``CAPACITY``."""
+    runs = {"without": run(0.0, log_every=log_every, steps=steps, **overrides),
             "with": run(aux_coef, log_every=log_every, steps=steps, **overrides),
             "aux_free": run(0.0, log_every=log_every, steps=steps, bias_rate=bias_rate, **overrides),
             "z_loss": run(aux_coef, log_every=log_every, steps=steps, z_coef=z_coef, **overrides)}
+    if more:
+        runs["shared"] = run(aux_coef, log_every=log_every, steps=steps, **{**overrides, "shared": 1})
+        runs["capacity"] = run(aux_coef, log_every=log_every, steps=steps,
+                               **{**overrides, "capacity_factor": CAPACITY})
+    return runs
+
+
+def balance_study_all(aux_coef: float = 0.01) -> dict:
+    """``balance_study`` with the shared-expert and the capacity-dropping runs (notebook 14)."""
+    return balance_study(aux_coef, more=True)
 
 
 def parse_args(argv=None):
@@ -176,7 +215,10 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"])
     p.add_argument("--experts", type=positive_int, default=DEFAULTS["experts"])
     p.add_argument("--k", type=positive_int, default=DEFAULTS["k"])
-    p.add_argument("--capacity-factor", type=positive_float, default=None)
+    p.add_argument("--capacity-factor", type=positive_float, default=None,
+                   help="tokens an expert accepts per rank, times the mean load (default: dropless)")
+    p.add_argument("--shared-experts", type=nonnegative_int, default=0,
+                   help="always-on experts per MoE layer, replicated on every rank")
     p.add_argument("--dim", type=positive_int, default=DEFAULTS["dim"], help="a multiple of --heads")
     p.add_argument("--heads", type=positive_int, default=DEFAULTS["heads"])
     p.add_argument("--layers", type=positive_int, default=DEFAULTS["layers"])
@@ -224,10 +266,12 @@ def main(argv=None):
                f"{ctx.backend} on {ctx.device.type}")
         r = run(args.aux_coef, ep, log_every=10, z_coef=args.z_coef, bias_rate=args.bias_rate, steps=args.steps, batch_size=args.batch_size,
                 lr=args.lr, experts=args.experts, k=args.k, capacity_factor=args.capacity_factor,
-                dim=args.dim, heads=args.heads, layers=args.layers, seed=args.seed,
+                dim=args.dim, heads=args.heads, layers=args.layers, seed=args.seed, shared=args.shared_experts,
                 renormalise={"auto": None, "renormalised": True, "probability": False}[args.gates])
         for i, tokens in enumerate(r["per_expert"]):
             print0(f"layer {i}: held-out tokens per expert {tokens} (max/mean {imbalance(tokens):.2f})")
+        print0(f"dropped in training (counted from the dispatch): {100 * r['train_dropped']:.1f} % of the "
+               f"assignments; gradient bytes all-reduced per step on rank 0: {r['allreduced_bytes']:,d}")
         print0(loop.summary_line(ctx.world_size, 1, r["accuracy"], r["seconds"])
                + f" ep={ep} steps={args.steps} aux_coef={args.aux_coef:g} imbalance={r['imbalance']:.3f}")
     return 0
