@@ -5,8 +5,9 @@
     python -m source_code.slides --export slides                     # slides/NN_name.slides.html
     make slides                                                      # the same export
 
-Live: in JupyterLab (`make lab`), open a notebook and press Alt+R (or "Render as slideshow" in
-the command palette): RISE (jupyterlab-rise) presents it from the same cells, offline.
+Live: in JupyterLab (`make lab`), open a notebook and press Alt+R (or the notebook toolbar's
+"Render the current notebook as Reveal Slideshow"): RISE (jupyterlab-rise) presents it from the
+same cells, offline.
 Static: `--export` writes one reveal.js deck per notebook for presenting from a browser; the
 files it needs come from the installed jupyterlab-rise, nothing is fetched.
 Where the boundaries go is one rule (rules.py), applied by `--mark` and idempotent; `--check`

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from source_code.cli import Parser
+from source_code.cli import Parser, writable_path
 from source_code.errors import LaunchError, run_main
 from source_code.slides import export, rules
 
@@ -38,11 +38,11 @@ def stale(paths: list[Path]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = Parser(description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m source_code.slides", description=__doc__.splitlines()[0])
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--mark", action="store_true", help="write the rule's slide type into every cell")
     what.add_argument("--check", action="store_true", help="exit 1 naming notebooks whose slide types are stale")
-    what.add_argument("--export", metavar="DIR", help="write one HTML deck per notebook into DIR")
+    what.add_argument("--export", metavar="DIR", type=writable_path, help="write one HTML deck per notebook into DIR")
     p.add_argument("notebooks", nargs="*", help="notebook files (default: every numbered notebook)")
     args = p.parse_args(argv)
     paths = notebooks(args.notebooks)
