@@ -21,7 +21,6 @@ them bitwise equal), and each mistake changes one of them:
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.distributed as dist
