@@ -6,7 +6,7 @@ NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
 
-.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures my-notebooks participant-notebooks restore-notebooks cluster-up cluster-down prepare
+.PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures slides my-notebooks participant-notebooks restore-notebooks cluster-up cluster-down prepare
 
 # pip, quiet, with its exit status kept: a failed install stops make with pip's own error
 # (only the harmless notes about find-links folders this machine lacks are left out)
@@ -68,6 +68,11 @@ cluster-down:
 ## your own copy of the notebooks to work in (my-notebooks/, which git ignores); never overwrites
 my-notebooks:
 	mkdir -p my-notebooks && cp -n notebooks/*.ipynb my-notebooks/ && echo "your copies: my-notebooks/ (open them from the lab)"
+
+## slide decks of the notebooks for presenting from a browser (slides/, which git ignores; no
+## network needed); live instead: make lab, open a notebook, Alt+R (RISE)
+slides: venv
+	$(BIN)/python -m source_code.slides --export slides
 
 ## for an instructor: the notebooks to hand out (exercise outputs cleared, reference solutions left out)
 participant-notebooks: venv

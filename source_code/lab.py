@@ -33,7 +33,10 @@ def command(port: int, token: str, root: Path = ROOT) -> list[str]:
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
            f"--ServerApp.root_dir={root}", f"--LabApp.default_url=/lab/tree/{START_PAGE}",
-           f"--LabApp.app_settings_dir={SETTINGS}"]
+           f"--LabApp.app_settings_dir={SETTINGS}",
+           # RISE's presenter reads its own settings folder: the same overrides (a theme that
+           # asks no web fonts of the network)
+           f"--RiseApp.app_settings_dir={SETTINGS}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     return cmd
