@@ -16,7 +16,7 @@ def progress_figure(res: dict):
     ft_ev, rs_ev = res["ft"]["events"], res["restart"]["events"]
     kill_t = {name: next(e["t"] for evs in ev.values() for e in evs if e.get("event") == "kill")
               for name, ev in (("ft", ft_ev), ("restart", rs_ev))}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True, sharey=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4), sharex=True, sharey=True)
     for attempt, style in ((0, "-"), (1, "--")):
         t, s = _curve(rs_ev[_key(rs_ev, 0)], attempt=attempt)
         left.plot([x - kill_t["restart"] for x in t], s, style, color="tab:blue",
@@ -33,9 +33,14 @@ def progress_figure(res: dict):
     for ax in (left, right):
         ax.axvline(0, color="black", lw=0.8, ls=":", label="the kill")
         ax.set_xlabel("seconds since the kill")
-        ax.legend(loc="upper left", fontsize=8)
     left.set_ylabel("global step completed")
-    fig.tight_layout()
+    # one key under both panels (the curves fill the panels' upper left, where a key would sit)
+    keys = {}
+    for ax in (left, right):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            keys.setdefault(label, handle)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    fig.legend(list(keys.values()), list(keys), loc="lower center", ncol=3, fontsize=8, frameon=False)
     return fig
 
 
