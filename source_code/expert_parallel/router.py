@@ -24,7 +24,7 @@ group of N tokens (the mean load times the factor). Assignments over it are *dro
 expert does not see the token, its gate term is 0, and the token goes on through the residual
 connection of the block (x + moe(x): a fully dropped token leaves the layer as x). Priority:
 all first choices before any second choice, then token order (GShard's rule). capacity_factor
-None: no limit, nothing dropped.
+None: no limit, nothing dropped (dropless routing; ep_layer.py says what it does to the buffers).
 
 **Groups.** Capacity and the balancing loss are computed per *group* of consecutive tokens
 (GShard's "groups"). Under expert parallelism a rank routes its own tokens without seeing the
