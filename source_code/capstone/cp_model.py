@@ -19,7 +19,7 @@ import functools
 
 from source_code.context_parallel import layout as lay
 from source_code.context_parallel.comm import Ring
-from source_code.context_parallel.model import block_forward
+from source_code.context_parallel import model_step
 from source_code.context_parallel.ring import ring_attention
 
 LAYOUT = "zigzag"
@@ -33,8 +33,5 @@ def my_tokens(t, ring: Ring):
 def cp_logits(model, tokens, ring: Ring):
     """Logits of this rank's tokens, (b, T/n, vocab); ``tokens`` is the whole (b, T)."""
     positions = lay.token_index(tokens.shape[1], ring.rank, ring.world, LAYOUT).to(tokens.device)
-    x = model.tok(my_tokens(tokens, ring)) + model.pos(positions)          # (b, T/n, dim)
     core = functools.partial(ring_attention, causal=True, layout=LAYOUT, ring=ring)
-    for block in model.layers:
-        x = block_forward(block, x, core)
-    return model.head(model.norm(x))
+    return model_step.cp_logits(model, my_tokens(tokens, ring), positions, core)   # notebook 13's
