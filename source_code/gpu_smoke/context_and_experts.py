@@ -33,10 +33,10 @@ def expert_parallel(env: Env, check: Check) -> str:
     where = computed_on(out, env, "expert_parallel.compare")
     s = parse_records(out, "summary")[-1]
     assert s["ep_max_abs_diff"] <= s["tol"] and s["balance_loss_effect"] < 1, s
-    assert s["aux_free_balance_effect"] < 1, s
+    assert s["aux_free_balance_effect"] < 1 and s["dropless_dropped"] == 0, s
     return (f"MoE with all-to-all on {where}: max diff {s['ep_max_abs_diff']:.1e} over {s['cases']} cases "
             f"(tolerance {s['tol']:g}), balancing loss effect {s['balance_loss_effect']:.3f}, "
-            f"aux-free bias effect {s['aux_free_balance_effect']:.3f}")
+            f"aux-free bias effect {s['aux_free_balance_effect']:.3f}, dropless dropped 0")
 
 
 def moe_bench(env: Env, check: Check) -> str:
