@@ -4,7 +4,7 @@ Starts `python -m jupyterlab` on a free port with a random token, checks that it
 API lists every numbered notebook, runs one cell of notebook 06 through a kernel the
 server starts (REST + websocket channels, as the browser does), and shuts everything down.
 A real browser (tests/browser.py) opens what `make lab` prints: the start page rendered, no
-pop-up, the notebooks' names in the file browser, and a notebook opened from the start page's
+pop-up, the notebooks' names in the file browser, none cut short, and a notebook opened from the start page's
 link starts its kernel without being marked modified (else autosave rewrites the tracked file).
 """
 from __future__ import annotations
@@ -51,15 +51,17 @@ def _log_tail(path: Path, n: int = 4000) -> str:
 
 
 @pytest.fixture
-def lab(tmp_path):
+def lab(tmp_path, monkeypatch):
     """A running JupyterLab server: yields (base_url, token, headers); always stopped after."""
     port, token = _free_port(), secrets.token_hex(16)
     log = tmp_path / "jupyterlab.log"
+    # a fresh learner: no workspace of an earlier lab (the command seeds the first layout there)
+    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
     cmd = lab_command(port, token)  # what `make lab` runs: the repository as the lab's root
+    assert f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}" in cmd, cmd
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           # a fresh learner: no settings or workspace of an earlier lab
+           # a fresh learner: no settings of an earlier lab
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"token {token}"}
@@ -228,6 +230,9 @@ def test_lab_opens_on_the_start_page_and_reading_a_notebook_changes_nothing(lab,
             if e.text.endswith(".ipynb")] or None)
         assert {e.text for e in names} >= {p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
         assert not d.find_elements(By.CSS_SELECTOR, ".jp-id-modified"), "the Modified column takes the names' width"
+        cut = [e.text for e in names if d.execute_script(
+            "return arguments[0].scrollWidth > arguments[0].clientWidth", e)]
+        assert not cut, f"the file browser cuts these names short: {cut}"
         d.save_screenshot(str(tmp_path / "first-screen.png"))
 
         # the start page's link opens the notebook; its kernel starts and goes idle
