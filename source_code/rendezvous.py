@@ -135,7 +135,16 @@ def decide_together(store: dist.Store, rank: int, world: int, mine: str, decide)
                               f"compute within {wait_s:.0f} s; check their output for an earlier error") from None
         store.set("decision", decide([store.get(k).decode() for k in keys]))
     try:
-        return store.get("decision").decode()
+        answer = store.get("decision").decode()
     except Exception:
         raise LaunchError(f"error: rank {rank}: no device decision from rank 0 (its output says "
                           "why)", every_rank=True) from None
+    # rank 0 may serve the store: it stays until every rank has the answer, else a rank that
+    # reads late finds no store when the answer is an error that rank 0 stops on at once
+    store.set(f"read/{rank}", "1")
+    if rank == 0:
+        try:
+            store.wait([f"read/{r}" for r in range(world)], datetime.timedelta(seconds=30))
+        except Exception:
+            pass            # a rank that died after posting its view: the answer stands
+    return answer
