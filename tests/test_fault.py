@@ -31,14 +31,17 @@ def uninterrupted(tmp_path_factory):
 
 def test_killed_rank_resumes_and_ends_bit_for_bit_equal(tmp_path, uninterrupted):
     path = tmp_path / "snap.pt"
-    # see slurm/ddp_fault_tolerant.slurm for why the shared rendezvous store is switched off
+    # see slurm/ddp_fault_tolerant.slurm for why the shared rendezvous store is switched off;
+    # 2 restarts: an attempt that fails early for another reason (a port taken under load) does
+    # not cancel the drill, whose crash comes once per run on the first attempt to reach step 9
     res = torchrun(JOB, *ARGS, "--checkpoint", path, "--resume", "--crash-at-step", "9",
-                   extra=["--max-restarts=1"], env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+                   extra=["--max-restarts=2"], env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     out = res.stdout
     assert "rank 1: simulated failure after global step 9 (SIGKILL)" in out
     assert "exitcode: -9" in out                      # torchrun saw the kill ...
     assert f"resumed from {path} after epoch 1" in out  # ... and the restart used the snapshot
     assert parse_summary(out)["epochs"] == 3
+    assert not list(tmp_path.glob("snap.pt.crashed-*"))  # the drill's marker is gone at the end
     got, want = _weights(path), _weights(uninterrupted[0])
     assert got["epoch"] == want["epoch"] == 3
     for name, tensor in want["model"].items():
@@ -52,7 +55,7 @@ def test_mid_epoch_snapshots_resume_inside_the_epoch_bit_for_bit(tmp_path, unint
     # and the restart skips the 2 steps of epoch 2 the snapshot already holds
     path = tmp_path / "snap.pt"
     res = torchrun(JOB, *ARGS, "--checkpoint", path, "--resume", "--snapshot-every", "2",
-                   "--crash-at-step", "9", extra=["--max-restarts=1"],
+                   "--crash-at-step", "9", extra=["--max-restarts=2"],
                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     out = res.stdout
     assert "rank 1: simulated failure after global step 9 (SIGKILL)" in out
@@ -88,3 +91,17 @@ def test_restart_with_fewer_processes_continues_from_the_snapshot(tmp_path, unin
     diff = max((got["model"][k] - v).abs().max().item() for k, v in want["model"].items())
     print(f"2 -> 1 processes vs 2 throughout: max abs weight diff {diff:.2e}")
     assert diff < 1e-4
+
+
+def test_the_crash_comes_once_per_run_even_after_an_attempt_that_failed_early(tmp_path, monkeypatch):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")   # attempt 0 failed before step 9
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    marker = faults.crash_marker(tmp_path / "snap.pt", {"TORCHELASTIC_RUN_ID": "abc"})
+    assert marker == f"{tmp_path / 'snap.pt'}.crashed-abc"
+    assert faults.arm_crash(opt, 9, rank=1, world_size=2, marker=marker)      # still to come
+    assert not faults.arm_crash(opt, 9, rank=1, world_size=2)                 # no marker: first attempt only
+    (tmp_path / "snap.pt.crashed-abc").write_text("done")
+    assert not faults.arm_crash(opt, 9, rank=1, world_size=2, marker=marker)  # this run had its crash
+    assert not faults.arm_crash(opt, 9, rank=0, world_size=2, marker=str(tmp_path / "other"))
+    assert faults.crash_marker(tmp_path / "snap.pt", {"TORCHELASTIC_RUN_ID": "none"}) is None

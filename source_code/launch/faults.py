@@ -4,13 +4,17 @@
         --epochs 3 --max-steps 6 --checkpoint /tmp/snap.pt --resume --crash-at-step 9
     python -m source_code.launch.faults kill-during-write /tmp/snap.pt
 
-* ``arm_crash``: on the FIRST attempt only (TORCHELASTIC_RESTART_COUNT and SLURM_RESTART_COUNT
-  both 0), rank 1 sends itself SIGKILL right after the optimizer's N-th global step, the way a
-  node failure or an out-of-memory kill ends a process: no exception, no cleanup. torchrun
-  then stops the other ranks and (with --max-restarts) starts them all again.
+* ``arm_crash``: once per run, rank 1 sends itself SIGKILL right after the optimizer's N-th
+  global step, the way a node failure or an out-of-memory kill ends a process: no exception, no
+  cleanup. torchrun then stops the other ranks and (with --max-restarts) starts them all again.
+  "Once per run": with a ``marker`` file (``crash_marker``, beside the checkpoint, named after
+  torchrun's run id) on whichever attempt first reaches step N, so an attempt that failed
+  earlier for another reason does not cancel the drill; without one, on the first attempt
+  (TORCHELASTIC_RESTART_COUNT 0). Never after a Slurm requeue (SLURM_RESTART_COUNT > 0).
 * ``kill_during_write``: a child process rewrites a large snapshot with ``atomic_save`` over
-  and over; it is SIGKILLed while a write is in flight (its temporary file exists). The
-  snapshot at the real path must still load and be a complete earlier version.
+  and over; after its first complete save the kernel kills it in the middle of the next write,
+  the moment the file reaches half a snapshot (``die_in_write_past``). The snapshot at the real
+  path must still load and be a complete earlier version.
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,19 +36,37 @@ def first_attempt(env=None) -> bool:
             and env.get("SLURM_RESTART_COUNT", "0") == "0")
 
 
-def arm_crash(optimizer, at_step: int, rank: int, world_size: int, steps_done: int = 0) -> bool:
-    """Make rank 1 (rank 0 when alone) SIGKILL itself after global step ``at_step``.
+def crash_marker(checkpoint, env=None) -> str | None:
+    """The file that records this torchrun run's crash, beside ``checkpoint`` (None without a
+    checkpoint or a run id of torchrun's: then the crash keys on the first attempt instead)."""
+    env = os.environ if env is None else env
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    if not checkpoint or run_id == "none":
+        return None
+    return f"{checkpoint}.crashed-{run_id}"
+
+
+def arm_crash(optimizer, at_step: int, rank: int, world_size: int, steps_done: int = 0,
+              marker: str | None = None) -> bool:
+    """Make rank 1 (rank 0 when alone) SIGKILL itself after global step ``at_step``, once.
 
     ``steps_done``: optimizer steps already taken before this attempt (a resumed run).
-    Returns whether the crash is armed on this rank.
+    ``marker``: a file written just before the kill; while it exists the crash is not armed
+    (without one: armed on the first attempt only). Returns whether the crash is armed here.
     """
-    if at_step <= 0 or not first_attempt() or rank != min(1, world_size - 1):
+    if at_step <= 0 or rank != min(1, world_size - 1):
+        return False
+    if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+        return False
+    if (os.path.exists(marker) if marker else not first_attempt()):
         return False
     count = [steps_done]
 
     def after_step(opt, args, kwargs):
         count[0] += 1
         if count[0] == at_step:
+            if marker:
+                Path(marker).write_text(f"rank {rank} killed itself after global step {at_step}\n")
             print(f"rank {rank}: simulated failure after global step {at_step} (SIGKILL)",
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -59,6 +80,17 @@ def steps_per_epoch(loader, max_steps: int = 0) -> int:
 
 
 # --------------------------------------------------------------------------- interrupted writes
+def die_in_write_past(nbytes: int) -> None:
+    """From now on the kernel kills this process the moment a write would take any file past
+    ``nbytes`` bytes: the file-size limit (RLIMIT_FSIZE) and SIGXFSZ's default action, which
+    Python ignores unless told. Like SIGKILL no handler or ``except`` runs, but at a known point
+    in the middle of a write, whatever the machine's speed or load. No core file is left."""
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
 def _rewrite_forever(path: str, megabytes: int) -> None:
     from source_code.checkpoint import atomic_save
     n = megabytes * 2**20 // 4
@@ -67,10 +99,13 @@ def _rewrite_forever(path: str, megabytes: int) -> None:
         version += 1
         atomic_save({"version": version, "weights": torch.full((n,), float(version))}, path)
         print(version, flush=True)
+        if version == 1:  # one complete snapshot exists: the next write dies half way
+            die_in_write_past(os.stat(path).st_size // 2)
 
 
 def kill_during_write(path, megabytes: int = 64, timeout: float = 60) -> dict:
-    """Kill a writer while a write is in flight; report what is left at ``path``."""
+    """Kill a writer in the middle of a write (half a snapshot written); report what is left at
+    ``path``. ``timeout`` only bounds a writer that never dies."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for old in path.parent.glob(path.name + ".*.tmp"):
@@ -79,24 +114,18 @@ def kill_during_write(path, megabytes: int = 64, timeout: float = 60) -> dict:
     child = subprocess.Popen([sys.executable, "-m", "source_code.launch.faults", "rewrite",
                               str(path), "--megabytes", str(megabytes)],
                              stdout=subprocess.PIPE, text=True)
-    t0 = time.time()
     written = 0
     try:
         written = int(child.stdout.readline() or 0)  # one complete snapshot exists
-        while time.time() - t0 < timeout:
-            tmp = list(path.parent.glob(path.name + ".*.tmp"))
-            if tmp and tmp[0].stat().st_size > 0:  # the next version is being written
-                child.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.001)
-        else:
-            raise TimeoutError("never saw a write in flight")
+        child.wait(timeout)                          # the second write kills the writer
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the writer was still alive after {timeout:.0f} s") from None
     finally:
         child.kill()
         child.wait()
     snap = torch.load(path, weights_only=True)
     leftovers = list(path.parent.glob(path.name + ".*.tmp"))
-    result = {"killed_mid_write": bool(leftovers),
+    result = {"killed_mid_write": child.returncode == -signal.SIGXFSZ and bool(leftovers),
               "partial_bytes": leftovers[0].stat().st_size if leftovers else 0,
               "full_bytes": path.stat().st_size, "version": snap["version"],
               "complete": bool((snap["weights"] == snap["version"]).all())

@@ -3,11 +3,13 @@
     python -m source_code.launch.save_drill            # plain torch.save vs atomic_save, a line each
 
 ``kill_mid_write(save, path)`` forks a child that calls ``save(obj, path)`` over and over with
-a new version each time; the parent watches the directory and SIGKILLs the child the moment
-some file there is partly written (bigger than 0 bytes, smaller than a complete snapshot).
-Then it loads ``path``. With a plain ``torch.save(obj, path)`` the partly written file IS the
-snapshot: it no longer loads (the negative control). With a save that writes elsewhere and
-renames, ``path`` is still a complete earlier version.
+a new version each time. After two complete saves the kernel kills the child the moment any
+file it writes reaches half a snapshot (``faults.die_in_write_past``: a kill at a known point
+in the middle of a write, whatever the machine's speed or load). Then it loads ``path``. With
+a plain ``torch.save(obj, path)`` the half-written file IS the snapshot: it no longer loads
+(the negative control). With a save that writes elsewhere and renames, ``path`` is still a
+complete earlier version. The child also notes whether the second save wrote its bytes into
+the file already at ``path`` (same file, new contents): a save that does is killable there too.
 
 ``check_atomic_save(save)`` is the check of the notebook's exercise: it runs the drill on the
 learner's function and says what went wrong, if anything.
@@ -25,41 +27,41 @@ import torch
 
 from source_code.cli import Parser, positive_int
 from source_code.errors import run_main
+from source_code.launch.faults import die_in_write_past
 
 
 def _snapshot(version: int, numel: int) -> dict:
     return {"version": version, "weights": torch.full((numel,), float(version))}
 
 
-def _rewrite_forever(save, path: str, numel: int, saved) -> None:
+def _rewrite_forever(save, path: str, numel: int, full: int, saved, in_place) -> None:
     torch.set_num_threads(1)
-    version = 0
+    save(_snapshot(1, numel), path)
+    if os.path.exists(path):
+        with open(path, "rb") as held:  # held open: its inode cannot be reused while we compare
+            before = os.fstat(held.fileno())
+            save(_snapshot(2, numel), path)
+            now = os.stat(path) if os.path.exists(path) else None
+            in_place.value = int(now is not None and (now.st_ino, now.st_dev) == (before.st_ino, before.st_dev))
+    else:
+        save(_snapshot(2, numel), path)
+    saved.value = 2
+    die_in_write_past(full // 2)  # the next write that reaches half a snapshot kills us
+    version = 2
     while True:
         version += 1
         save(_snapshot(version, numel), path)
-        saved.value = version  # the parent waits for the first complete save
+        saved.value = version
 
 
-def _partial_files(directory: Path, full: int) -> list[Path]:
-    """Files well under a complete snapshot's size (the archive's record names depend on the
-    file name, so complete files differ by a few hundred bytes: hence the 5 % margin)."""
-    found = []
-    for f in directory.iterdir():
-        try:
-            if 0 < f.stat().st_size < 0.95 * full:
-                found.append(f)
-        except FileNotFoundError:  # renamed away between listing and stat
-            pass
-    return found
+def kill_mid_write(save, path, megabytes: int = 16, timeout: float = 60) -> dict:
+    """Kill a process that repeatedly runs ``save(obj, path)`` when a write reaches half a snapshot.
 
-
-def kill_mid_write(save, path, megabytes: int = 16, timeout: float = 60, only_path: bool = False) -> dict:
-    """SIGKILL a process that repeatedly runs ``save(obj, path)`` while a write is in flight.
-
-    ``only_path``: kill only when the file at ``path`` itself is partly written (a save that
-    never leaves it so is not killed: ``killed_mid_write`` False after ``timeout`` seconds).
-    Returns {"killed_mid_write", "loads", "complete", "version", "error"}: ``loads`` is whether
-    ``torch.load(path)`` still works afterwards, ``complete`` whether it holds a whole snapshot.
+    Returns {"killed_mid_write", "loads", "complete", "version", "in_place", "error"}: ``loads``
+    is whether ``torch.load(path)`` still works afterwards, ``complete`` whether it holds a whole
+    snapshot, ``in_place`` whether a save wrote into the file already at ``path``. A save that
+    writes no file of a snapshot's size is not killed (``killed_mid_write`` False) once it has
+    saved 3 more versions; ``timeout`` only bounds a save that never returns.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,27 +73,21 @@ def kill_mid_write(save, path, megabytes: int = 16, timeout: float = 60, only_pa
     full = buf.getbuffer().nbytes  # the size of one complete snapshot
     # fork: the save function may be defined in a notebook cell (spawn could not pickle it)
     ctx = mp.get_context("fork")
-    saved = ctx.Value("i", 0)
-    child = ctx.Process(target=_rewrite_forever, args=(save, str(path), numel, saved), daemon=True)
+    saved, in_place = ctx.Value("i", 0), ctx.Value("i", 0)
+    child = ctx.Process(target=_rewrite_forever, args=(save, str(path), numel, full, saved, in_place),
+                        daemon=True)
     child.start()
-    killed, t0 = False, time.time()
+    deadline = time.monotonic() + timeout
     try:
-        # wait for one complete snapshot, then for the next write to be half done
-        while time.time() - t0 < timeout and child.is_alive() and saved.value < 1:
-            time.sleep(0.001)
-        while time.time() - t0 < timeout and child.is_alive():
-            partial = _partial_files(path.parent, full)
-            if partial and (path in partial or not only_path):
-                os.kill(child.pid, signal.SIGKILL)
-                killed = True
-                break
-            time.sleep(0.0005)
+        while child.is_alive() and saved.value < 5 and time.monotonic() < deadline:
+            child.join(0.05)
     finally:
         if child.is_alive():
             os.kill(child.pid, signal.SIGKILL)
         child.join()
+    killed = child.exitcode == -signal.SIGXFSZ
     result = {"killed_mid_write": killed, "loads": False, "complete": False, "version": None,
-              "error": ""}
+              "in_place": bool(in_place.value), "error": ""}
     try:
         snap = torch.load(path, weights_only=True)
         result.update(loads=True, version=snap["version"],
@@ -116,9 +112,6 @@ def check_atomic_save(save, directory=None) -> str:
     res = kill_mid_write(save, directory / "snap.pt")
     if not res["killed_mid_write"]:
         raise AssertionError("the drill never saw a write in flight: does your function write the file at all?")
-    if res["loads"]:  # second drill: wait for PATH itself to be partly written (a copy into place)
-        at_path = kill_mid_write(save, directory / "snap.pt", timeout=3, only_path=True)
-        res = at_path if at_path["killed_mid_write"] else res
     if not res["loads"]:
         raise AssertionError(f"after the kill the snapshot at the real path does not load ({res['error']}): "
                              "the half-written file must never be the one at PATH (hint: write somewhere "
@@ -126,6 +119,10 @@ def check_atomic_save(save, directory=None) -> str:
     if not res["complete"]:
         raise AssertionError("the snapshot at the real path loads but is not a whole version (hint: move the "
                              "file into place only after the write has finished and reached the disk)")
+    if res["in_place"]:  # a copy into place: the kill hit the first file, the second write is as fragile
+        raise AssertionError("your save writes the new bytes into the file already at PATH: killed during that "
+                             "write it is half written and does not load (hint: PATH must only ever change "
+                             "by one step that swaps in a finished file)")
     return f"correct: killed mid-write, the snapshot at the real path is complete (version {res['version']})"
 
 

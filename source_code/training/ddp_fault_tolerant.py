@@ -8,8 +8,8 @@ What it adds to ddp.py (notebook 07 shows the difference line by line):
 * --snapshot-every K: a snapshot every K steps inside an epoch, with the sampler's position
   (the step in the epoch) and every rank's running loss, so a restart loses at most K steps;
 * resuming inside an epoch: the same shuffled order again (set_epoch), the trained steps skipped;
-* --crash-at-step N, the fault drill: on the first attempt rank 1 SIGKILLs itself after the
-  N-th global step, the way a node failure ends a process; torchrun --max-restarts (or a Slurm
+* --crash-at-step N, the fault drill: once per run rank 1 SIGKILLs itself after the
+  N-th global step (on the first attempt that gets there: launch/faults.arm_crash), the way a node failure ends a process; torchrun --max-restarts (or a Slurm
   requeue) then starts every process again, and they resume from the snapshot.
 """
 from __future__ import annotations
@@ -57,9 +57,10 @@ def train(me, args) -> dict:
         print0(f"resumed: epoch={start_epoch} step_in_epoch={skip}")  # the same, for programs to read
     elif args.resume:
         print0(f"no snapshot at {args.checkpoint} yet: starting from scratch")
-    # the fault drill: rank 1 SIGKILLs itself after global step --crash-at-step, first attempt only
+    # the fault drill: rank 1 SIGKILLs itself after global step --crash-at-step, once per run
+    marker = faults.crash_marker(args.checkpoint)
     faults.arm_crash(opt, args.crash_at_step, me.rank, me.world_size,
-                     start_epoch * faults.steps_per_epoch(loader, args.max_steps) + skip)
+                     start_epoch * faults.steps_per_epoch(loader, args.max_steps) + skip, marker)
     # (4) wrap the model: gradients are averaged across ranks during backward()
     model = DDP(model, device_ids=me.device_ids)
 
@@ -91,6 +92,8 @@ def train(me, args) -> dict:
             checkpoint.save_snapshot(args.checkpoint, model, opt, epoch + 1)
     if me.is_main and start_epoch >= args.epochs:
         accuracy = loop.evaluate(model.module, test_loader, me.device)
+    if me.is_main and marker and os.path.exists(marker):
+        os.remove(marker)  # the drill is over: its crash marker goes
     print0(loop.summary_line(me.world_size, args.epochs, accuracy, timer.seconds, losses))
     return {"accuracy": accuracy}
 
@@ -100,7 +103,7 @@ def main(argv=None):
     parser.add_argument("--snapshot-every", type=nonnegative_int, default=0,
                         help="also snapshot every K steps inside an epoch (0: only at epoch ends)")
     parser.add_argument("--crash-at-step", type=nonnegative_int, default=0,
-                        help="fault drill: on the first attempt rank 1 kills itself after this global step")
+                        help="fault drill: rank 1 kills itself after this global step, once per run")
     args = parser.parse_args(argv)
     loop.check_args(args)
     torch.set_num_threads(1)  # one core per process: on CPU the processes are the parallelism
