@@ -66,5 +66,5 @@ def test_costs_count_the_bytes_dataparallel_moves():
 
 
 def test_threads_do_not_speed_up_interpreter_bound_work():
-    gil = costs.gil_cost(units=4000)
+    gil = costs.gil_cost(units=4000, rounds=5)  # back to back, 5 times: medians of the rounds
     assert gil["threads_speedup"] < 1.4, gil

@@ -82,6 +82,13 @@ def step_ms(model, x, y, repeats: int = 20) -> float:
 def interleaved_step_ms(variants: dict, model, x, y, rounds: int = 10) -> dict:
     """Median forward + backward per variant ({name: forward function}), measured round-robin
     so that every variant sees the same machine load."""
+    return interleaved_steps(variants, model, x, y, rounds)["ms"]
+
+
+def interleaved_steps(variants: dict, model, x, y, rounds: int = 10) -> dict:
+    """{"ms": median step per variant, "ratio": median over the rounds of each variant's step
+    over the first variant's step of the same round}: the variants run back to back in every
+    round, so a busy spell of the machine slows a round's variants alike."""
     times = {name: [] for name in variants}
     for r in range(rounds + 1):
         for name, forward in variants.items():
@@ -92,7 +99,9 @@ def interleaved_step_ms(variants: dict, model, x, y, rounds: int = 10) -> dict:
             _sync()
             if r:  # round 0 is the warm-up
                 times[name].append(time.perf_counter() - t0)
-    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    first = times[next(iter(variants))]
+    return {"ms": {name: 1e3 * statistics.median(ts) for name, ts in times.items()},
+            "ratio": {name: statistics.median(t / f for t, f in zip(ts, first)) for name, ts in times.items()}}
 
 
 def small_ops(units: int) -> float:
@@ -108,35 +117,43 @@ def _in_process(units: int, queue) -> None:
     queue.put(small_ops(units))
 
 
-def gil_cost(units: int = 20000, workers: int = 2) -> dict:
-    """Seconds for ``workers`` x ``units`` of small_ops: one after another, in threads, in processes."""
+def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5) -> dict:
+    """Seconds for ``workers`` x ``units`` of small_ops: one after another, in threads, in
+    processes; the three back to back in each of ``rounds`` rounds. Times are medians over the
+    rounds; each speedup is the median over the rounds of that round's serial time over its
+    threaded (or multi-process) time, so a busy spell of the machine slows both sides of it."""
     small_ops(1000)  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(workers):
-        small_ops(units)
-    serial = time.perf_counter() - t0
-
-    threads = [threading.Thread(target=small_ops, args=(units,)) for _ in range(workers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    threaded = time.perf_counter() - t0
-
     ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_in_process, args=(units, queue)) for _ in range(workers)]
-    t0 = time.perf_counter()
-    for p in procs:
-        p.start()
-    for _ in procs:
-        queue.get(timeout=120)
-    processes = time.perf_counter() - t0
-    for p in procs:
-        p.join()
-    return {"workers": workers, "serial_s": serial, "threads_s": threaded, "processes_s": processes,
-            "threads_speedup": serial / threaded, "processes_speedup": serial / processes}
+    serial, threaded, processes = [], [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(workers):
+            small_ops(units)
+        serial.append(time.perf_counter() - t0)
+
+        threads = [threading.Thread(target=small_ops, args=(units,)) for _ in range(workers)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        threaded.append(time.perf_counter() - t0)
+
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_in_process, args=(units, queue)) for _ in range(workers)]
+        t0 = time.perf_counter()
+        for p in procs:
+            p.start()
+        for _ in procs:
+            queue.get(timeout=120)
+        processes.append(time.perf_counter() - t0)
+        for p in procs:
+            p.join()
+    med = statistics.median
+    return {"workers": workers, "rounds": rounds, "serial_s": med(serial), "threads_s": med(threaded),
+            "processes_s": med(processes),
+            "threads_speedup": med(s / t for s, t in zip(serial, threaded)),
+            "processes_speedup": med(s / p for s, p in zip(serial, processes))}
 
 
 def main(argv=None):
