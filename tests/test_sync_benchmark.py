@@ -49,3 +49,15 @@ def test_crossover_helpers_on_a_made_up_summary():
     # the lines meet at 400 kB; the ring wins from 2**20 on, loses at 2**18
     assert bench.predicted_crossover(summary) == pytest.approx(4e5)
     assert bench.measured_crossover(summary) == pytest.approx(2**19)
+    # paired ratios: each repetition's two calls divided, then the median (the ratio size's extra
+    # repetitions of the ring have no partner and are left out)
+    summary["times"] = {"parameter_server": {s: [1.0, 2.0, 9.0] for s in sizes},
+                        "ring": {s: [2.0, 1.0, 3.0, 5.0, 5.0] if s == sizes[-1] else [2.0, 1.0, 3.0] for s in sizes}}
+    assert bench.paired_ratios(summary) == {s: 2.0 for s in sizes}
+    # the fit and the measurements agree, or say differently where the crossover is
+    assert bench.crossovers_agree(4e5, 2**19, sizes[-1])
+    assert not bench.crossovers_agree(4e5, 2**23, sizes[-1])           # 20 x apart
+    assert bench.crossovers_agree(None, None, sizes[-1])              # no crossover, either way
+    assert bench.crossovers_agree(2**21, None, sizes[-1])             # beyond the measured sizes
+    assert not bench.crossovers_agree(2**14, None, sizes[-1])         # the fit says it is well inside
+    assert not bench.crossovers_agree(None, 2**19, sizes[-1])

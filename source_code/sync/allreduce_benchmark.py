@@ -77,10 +77,12 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
             raise RuntimeError(f"{name} all-reduce differs from dist.all_reduce by {err}")
     names = list(names)
     times = {name: {} for name in names}
+    cpu_times = {name: {} for name in names}
     for size in sorted(set(sizes) | {ratio_size}):
         buf = torch.empty(size // 4, dtype=torch.float32, device=device)
         reps = max(min_reps, min(max_reps, budget_bytes // size))
         samples = {name: [] for name in names}
+        cpu_samples = {name: [] for name in names}  # this process's CPU seconds (all its threads)
         # at the ratio size, extra repetitions of the two compared implementations only
         extra = max(0, ratio_reps - reps) if size == ratio_size else 0
         for rep in range(reps + 1 + extra):  # rep 0 is a warm-up, not recorded
@@ -90,19 +92,20 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
                 buf.fill_(1.0)
                 _sync(device)
                 dist.barrier()
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 IMPLEMENTATIONS[name](buf)
                 _sync(device)
-                elapsed = time.perf_counter() - start
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
                 if rep:
                     samples[name].append(elapsed)
+                    cpu_samples[name].append(cpu)
         for name in names:
-            slowest = torch.tensor(samples[name], dtype=torch.float64, device=device)
+            slowest = torch.tensor([samples[name], cpu_samples[name]], dtype=torch.float64, device=device)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            times[name][size] = slowest.tolist()
+            times[name][size], cpu_times[name][size] = slowest.tolist()
         del buf
     return {"world_size": world, "backend": dist.get_backend(), "device": device.type,
-            "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times}
+            "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times, "cpu_times": cpu_times}
 
 
 def summarize(res: dict) -> dict:
@@ -120,7 +123,7 @@ def summarize(res: dict) -> dict:
     r = res["ratio_size"]
     paired = np.asarray(res["times"]["library"][r]) / np.asarray(res["times"]["ring"][r])
     return {"rows": rows, "fits": fits, "ratio": float(np.median(paired)), "ratio_size": r,
-            "ratio_pairs": len(paired),
+            "ratio_pairs": len(paired), "times": res["times"],
             "world_size": n, "backend": res["backend"], "device": res["device"]}
 
 
@@ -208,6 +211,26 @@ def measured_crossover(summary: dict, slow_small: str = "parameter_server", fast
     return float(np.sqrt(a[first - 1]["size"] * a[first]["size"]))
 
 
+def paired_ratios(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring") -> dict:
+    """{size: median over the repetitions of time(slow_small) / time(fast_large)}: the two calls
+    of one repetition ran back to back, so a busy moment of the machine slows both alike."""
+    t, out = summary["times"], {}
+    for size in (row["size"] for row in summary["rows"][slow_small]):
+        a, b = t[slow_small][size], t[fast_large][size]
+        n = min(len(a), len(b))  # the ratio size has extra repetitions of two implementations
+        out[size] = float(np.median(np.asarray(a[:n]) / np.asarray(b[:n])))
+    return out
+
+
+def crossovers_agree(predicted, measured, largest: float, factor: float = 6) -> bool:
+    """The fitted lines and the measurements tell the same story: both cross within ``factor``
+    of each other, or the measurements show no crossover up to ``largest`` and the fit puts it
+    (if anywhere) beyond ``largest / factor``."""
+    if measured is not None:
+        return predicted is not None and 1 / factor <= predicted / measured <= factor
+    return predicted is None or predicted > largest / factor
+
+
 def predicted_crossover(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring"):
     """The size where the two fitted alpha-beta models predict the same time (None: they do not cross)."""
     f = summary["fits"]
@@ -216,16 +239,24 @@ def predicted_crossover(summary: dict, slow_small: str = "parameter_server", fas
 
 
 def busbw_by_world_size(world_sizes=(2, 3, 4), size: int = 16 * 2**20, reps: int = 6,
-                        names=("ring", "library")) -> dict:
-    """busbw (GB/s, median) of ``names`` at one size for each world size: {name: {N: busbw}}."""
+                        names=("ring", "library"), rounds: int = 2) -> dict:
+    """busbw (GB/s, median) of ``names`` at one size for each world size, two ways:
+    {"wall": {name: {N: busbw}}, "cpu": {name: {N: busbw}}}. "wall" divides by the call's time
+    on the clock; "cpu" by the CPU seconds of its busiest rank (its process time during the
+    call, every thread counted): the time the rank really worked, which neither waiting for a
+    core shared with other processes nor a busy machine adds to. The world sizes take turns,
+    ``rounds`` times, ``reps`` / ``rounds`` calls each."""
     from source_code.processes import spawn
-    out = {name: {} for name in names}
-    for n in world_sizes:
-        res = spawn(measure, n, [size], size, reps * size, reps, reps, reps, names)[0]
-        for name in names:
-            t = float(np.median(res["times"][name][size]))
-            out[name][n] = size / t / 1e9 * busbw_factor(n)
-    return out
+    per_round = max(1, reps // rounds)
+    samples = {clock: {name: {n: [] for n in world_sizes} for name in names} for clock in ("wall", "cpu")}
+    for _ in range(rounds):
+        for n in world_sizes:
+            res = spawn(measure, n, [size], size, per_round * size, per_round, per_round, per_round, names)[0]
+            for name in names:
+                samples["wall"][name][n] += res["times"][name][size]
+                samples["cpu"][name][n] += res["cpu_times"][name][size]
+    return {clock: {name: {n: size / float(np.median(ts)) / 1e9 * busbw_factor(n) for n, ts in per_n.items()}
+                    for name, per_n in per_name.items()} for clock, per_name in samples.items()}
 
 
 def main(argv=None):
