@@ -1,6 +1,5 @@
 """The pipeline training script: flags checked before the group forms, training runs, exits are clean."""
 import collections
-import queue
 import threading
 
 import pytest
@@ -44,11 +43,33 @@ def test_repeated_launches_train_and_exit_cleanly(torchrun):
 
 class Unbuffered:
     """Messages between threads that a send hands over only to a receive already waiting for it:
-    NCCL's behaviour once an activation exceeds its buffers. A wait longer than ``patience``
-    seconds is a deadlock."""
+    NCCL's behaviour once an activation exceeds its buffers. A deadlock is every rank still
+    running waiting at once, none of them able to go on: no other rank is left to make the
+    handover one waits for. Decided from who waits for what, not from a clock."""
 
-    def __init__(self, patience=1.0):
-        self.patience, self.queues = patience, collections.defaultdict(queue.Queue)
+    def __init__(self, ranks):
+        self.cond = threading.Condition()
+        self.boxes = collections.defaultdict(collections.deque)  # (src, dst) -> [tensor, taken]
+        self.live, self.waiting, self.deadlock = ranks, {}, False
+
+    def _wait(self, rank, ready, message):
+        """Block (the lock held) until ``ready()``; a deadlock raises TimeoutError(message)."""
+        self.waiting[rank] = ready
+        try:
+            while not ready():
+                stuck = len(self.waiting) == self.live and not any(f() for f in self.waiting.values())
+                if self.deadlock or stuck:
+                    self.deadlock = True
+                    self.cond.notify_all()
+                    raise TimeoutError(message)
+                self.cond.wait()
+        finally:
+            del self.waiting[rank]
+
+    def finished(self):
+        with self.cond:
+            self.live -= 1
+            self.cond.notify_all()
 
     def link(self, rank, stage, n_stages, p):
         net = self
@@ -57,18 +78,19 @@ class Unbuffered:
             prev, next = (stage - 1) % p, (stage + 1) % p
 
             def exchange(self, send=None, recv=None):
-                if send is not None:
-                    taken = threading.Event()
-                    net.queues[rank, self.next].put((send[0], taken))
-                    if not taken.wait(net.patience):
-                        raise TimeoutError(f"rank {rank} (stage {stage}): its send was never received")
-                if recv is not None:
-                    try:
-                        tensor, taken = net.queues[self.prev, rank].get(timeout=net.patience)
-                    except queue.Empty:
-                        raise TimeoutError(f"rank {rank} (stage {stage}): nothing to receive") from None
-                    taken.set()
-                    return tensor
+                with net.cond:
+                    if send is not None:
+                        item = [send[0], False]
+                        net.boxes[rank, self.next].append(item)
+                        net.cond.notify_all()
+                        net._wait(rank, lambda: item[1], f"rank {rank} (stage {stage}): its send was never received")
+                    if recv is not None:
+                        box = net.boxes[self.prev, rank]
+                        net._wait(rank, lambda: bool(box), f"rank {rank} (stage {stage}): nothing to receive")
+                        item = box.popleft()
+                        item[1] = True
+                        net.cond.notify_all()
+                        return item[0]
 
             def flush(self):
                 pass
@@ -87,7 +109,7 @@ def stage_by_stage(mods, ids, links, n_stages, xs, shape, count):
 def run_ranks(forward, p, per_rank, m):
     """``forward`` on p threads, one per rank, rank r holding stages r, r + p, ... (looped)."""
     n = p * per_rank
-    net, results, errors = Unbuffered(), {}, {}
+    net, results, errors = Unbuffered(p), {}, {}
     xs = [torch.full((2, 3), float(i)) for i in range(m)]
 
     def rank_main(r):
@@ -98,6 +120,8 @@ def run_ranks(forward, p, per_rank, m):
                                  lambda out, i: out)
         except TimeoutError as err:
             errors[r] = str(err)
+        finally:
+            net.finished()
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(p)]
     for t in threads:
         t.start()
