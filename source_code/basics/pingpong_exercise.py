@@ -7,8 +7,9 @@
 to rank 1 and receives it back into ``buf``; rank 1 receives into ``buf`` and sends it back.
 The check runs the learner's function in two forked processes (a function defined in a
 notebook cell cannot be pickled for spawn, fork copies it), sends a different pattern in
-every message, and stops after a timeout instead of hanging when both ranks wait for each
-other. Solution: ``source_code/solutions/nb00_pingpong.py``.
+every message, and stops instead of hanging when both ranks wait for each other: the group's
+timeout bounds each send and receive (not the start-up, which a busy machine may stretch), and
+a receive that times out is the hang. Solution: ``source_code/solutions/nb00_pingpong.py``.
 """
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ from source_code.distributed import free_port
 SIZES = (8, 65536, 4 * 2**20)  # bytes: latency-bound, middle, bandwidth-bound
 
 
-def _player(fn, rank: int, port: int, results) -> None:
+START_S = 120  # the two processes meet within this (a generous bound: a busy machine is slow)
+
+
+def _player(fn, rank: int, port: int, results, timeout: float) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     try:
-        store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=20))
+        store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=START_S))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
-                                timeout=datetime.timedelta(seconds=20))
+                                timeout=datetime.timedelta(seconds=timeout))  # each send / recv
         report = []
         for k, n in enumerate(SIZES):
             sent = torch.arange(n, dtype=torch.int64).remainder(251).to(torch.uint8) + k
@@ -46,17 +50,18 @@ def _player(fn, rank: int, port: int, results) -> None:
 
 
 def run_round_trips(fn, timeout: float = 30) -> dict:
-    """{rank: [ok per size] or error text}; a rank that never answers is reported as hanging."""
+    """{rank: [ok per size] or error text}; "hang" for both ranks when a send or receive waited
+    ``timeout`` seconds (the group's timeout), or when a rank never answers at all."""
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_player, args=(fn, r, port, results), daemon=True) for r in (0, 1)]
+    procs = [ctx.Process(target=_player, args=(fn, r, port, results, timeout), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     out = {}
     try:
-        for _ in procs:
-            rank, report, error = results.get(timeout=timeout)
+        for _ in procs:  # a bound for a rank stuck outside send and recv (start-up, a loop of its own)
+            rank, report, error = results.get(timeout=2 * START_S + 2 * len(SIZES) * timeout)
             out[rank] = report if report is not None else error
     except queue_mod.Empty:
         pass
@@ -66,6 +71,8 @@ def run_round_trips(fn, timeout: float = 30) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join()
+    if any("Timed out" in v for v in out.values() if isinstance(v, str)):
+        return {0: "hang", 1: "hang"}  # a receive waited out the group's timeout: the ranks waited for each other
     for r in (0, 1):
         out.setdefault(r, "hang")
     return out
