@@ -240,7 +240,11 @@ def test_lab_opens_on_the_start_page_and_reading_a_notebook_changes_nothing(lab,
         link.click()
         _wait(d, f"{OPENED_NOTEBOOK} with its kernel idle", lambda drv: any(
             "Idle" in e.text for e in drv.find_elements(By.CSS_SELECTOR, ".jp-StatusBar-TextItem")))
-        time.sleep(2)   # what the lab writes into the notebook when its kernel connects has arrived
+        # the kernel's info reply (language_info) reaches the notebook's model before the status
+        # bar can show Idle; two animation frames later its tab and any pop-up are drawn
+        d.set_script_timeout(30)
+        d.execute_async_script("const done = arguments[arguments.length - 1];"
+                               "requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(done, 0)));")
         tab = next(t for t in d.find_elements(By.CSS_SELECTOR, ".lm-DockPanel-tabBar .lm-TabBar-tab")
                    if t.text == OPENED_NOTEBOOK)
         assert "jp-mod-dirty" not in tab.get_attribute("class"), \
