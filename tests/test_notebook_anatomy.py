@@ -49,6 +49,8 @@ def test_reference_solutions_print_nothing(path):
 
 
 TIME_COMMENT = re.compile(r"# about (\d+(?:\.\d+)?) s on 2 CPU cores\b")
+NEEDS_COMMENT_S = 30  # a cell of ~10 s on quiet cores stays under this on a machine 3x slower
+STALE_FACTOR = 5      # machines differ by 2-3x; a comment 5x off the stored run is out of date
 
 
 def stored_seconds(cell: dict) -> float | None:
@@ -62,9 +64,11 @@ def stored_seconds(cell: dict) -> float | None:
 
 
 def time_problems(path: Path) -> list[str]:
-    """A code cell over 10 s in the stored run says first how long it takes (`# about N s on 2
-    CPU cores`), and a stated N is within a factor of 2 of the stored time, whatever the cell's
-    length."""
+    """A long cell says first how long it takes (`# about N s on 2 CPU cores`, N a whole number),
+    and a stated N is not far from the stored run. The stored run may come from a machine 2-3x
+    faster or slower than the one the N was measured on (or from a busy one): so the comment is
+    required only past NEEDS_COMMENT_S in the stored run, and an N is stale only when it is
+    STALE_FACTOR x off. Neither flips when the notebooks are stored again elsewhere."""
     problems = []
     for i, c in enumerate(cells(path)):
         seconds = stored_seconds(c) if c["cell_type"] == "code" else None
@@ -72,12 +76,14 @@ def time_problems(path: Path) -> list[str]:
             continue
         first = text(c).split("\n", 1)[0]
         stated = TIME_COMMENT.match(first)
-        if stated is None and seconds > 10:
+        if stated is None and seconds > NEEDS_COMMENT_S:
             problems.append(f"{path.name} cell {i} took {seconds:.0f} s in the stored run: make its "
-                            f"first line `# about {seconds:.0f} s on 2 CPU cores`")
-        elif stated and not seconds / 2 <= float(stated[1]) <= seconds * 2:
+                            f"first line `# about N s on 2 CPU cores` with N measured on quiet cores")
+        elif stated and not stated[1].isdigit():
+            problems.append(f"{path.name} cell {i} says about {stated[1]} s: a whole number of seconds")
+        elif stated and not seconds / STALE_FACTOR <= float(stated[1]) <= seconds * STALE_FACTOR:
             problems.append(f"{path.name} cell {i} says about {stated[1]} s but took {seconds:.0f} s in "
-                            f"the stored run: state `# about {seconds:.0f} s on 2 CPU cores` (or make "
+                            f"the stored run: measure it again on quiet cores and state that (or make "
                             f"the cell fast again)")
     return problems
 
@@ -92,13 +98,16 @@ def test_time_check_catches_a_missing_or_wrong_estimate(tmp_path):
     def cell(source, seconds):
         return {"cell_type": "code", "source": source, "metadata": {"execution": {
             "iopub.execute_input": "2026-01-01T00:00:00.000000Z",
-            "shell.execute_reply": f"2026-01-01T00:00:{seconds:02d}.000000Z"}}}
+            "shell.execute_reply": f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}.000000Z"}}}
     nb = tmp_path / "99_x.ipynb"
-    for source, seconds, bad in [("run()", 12, True), ("# about 12 s on 2 CPU cores\nrun()", 12, False),
-                                 ("# about 40 s on 2 CPU cores\nrun()", 12, True),
-                                 ("# about 3 s on 2 CPU cores\nrun()", 12, True),
-                                 ("run()\n# about 12 s on 2 CPU cores", 12, True),
-                                 ("# about 20 s on 2 CPU cores\nrun()", 5, True), ("run()", 9, False)]:
+    for source, seconds, bad in [("run()", 40, True), ("# about 12 s on 2 CPU cores\nrun()", 12, False),
+                                 ("# about 12 s on 2 CPU cores\nrun()", 30, False),  # a slower machine
+                                 ("# about 12 s on 2 CPU cores\nrun()", 5, False),   # a faster one
+                                 ("# about 12.5 s on 2 CPU cores\nrun()", 12, True),
+                                 ("# about 80 s on 2 CPU cores\nrun()", 12, True),
+                                 ("# about 3 s on 2 CPU cores\nrun()", 20, True),
+                                 ("run()\n# about 40 s on 2 CPU cores", 40, True),
+                                 ("# about 20 s on 2 CPU cores\nrun()", 3, True), ("run()", 25, False)]:
         nb.write_text(json.dumps({"cells": [cell(source, seconds)]}))
         assert bool(time_problems(nb)) == bad, (source, seconds)
 
