@@ -101,3 +101,12 @@ def test_pingpong_bad_sizes_is_a_clear_error():
         pingpong.main(["--sizes", "8"])
     with pytest.raises(SystemExit, match="bytes separated by commas"):
         pingpong.main(["--sizes", "8,1k"])
+
+
+def test_runs_share_one_clock_from_their_update_counts():
+    per_update = sgd_theory.update_seconds([32, 1], rounds=3, per_round=2)
+    assert set(per_update) == {32, 1} and all(t > 0 for t in per_update.values())
+    h = {"updates": [0, 1, 10], "loss": [2.0, 1.5, 1.0], "seconds": [0.0, 0.3, 0.1]}
+    timed = sgd_theory.on_clock(h, 0.5)
+    assert timed["seconds"] == [0.0, 0.5, 5.0] and timed["loss"] == h["loss"] and h["seconds"][1] == 0.3
+    assert sgd_theory.loss_at_seconds(timed, 4.9) == 1.5

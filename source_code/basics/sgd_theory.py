@@ -19,6 +19,7 @@ small: every run is deterministic for a seed and takes a fraction of a second.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import torch
@@ -226,6 +227,34 @@ def tune_lr(batch_size: int, epochs: int, lrs, seed: int = 0) -> dict:
         raise ValueError(f"every learning rate in {list(lrs)} diverged for batch {batch_size}")
     best = min(runs, key=lambda lr: runs[lr]["final_loss"])
     return {**runs[best], "tried": tried}
+
+
+def update_seconds(batch_sizes, rounds: int = 40, per_round: int = 5, seed: int = 0) -> dict:
+    """{batch size: median seconds of one update}, the batch sizes taking turns ``rounds`` times
+    (``per_round`` updates each): a busy spell of the machine falls on every batch size, and the
+    median leaves it out. The same update as ``train``'s, on the training set."""
+    x, y = digits_xy("train")
+    g = torch.Generator().manual_seed(seed)
+    w = init_weights().requires_grad_(True)
+    times = {b: [] for b in batch_sizes}
+    with _threads(1):
+        for r in range(rounds + 1):  # round 0 warms up
+            for b in batch_sizes:
+                idx = torch.randperm(len(y), generator=g)[:b]
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    (grad,) = torch.autograd.grad(loss_fn(w, x[idx], y[idx]), w)
+                    with torch.no_grad():
+                        w -= 1e-3 * grad
+                if r:
+                    times[b].append((time.perf_counter() - t0) / per_round)
+    return {b: statistics.median(ts) for b, ts in times.items()}
+
+
+def on_clock(hist: dict, seconds_per_update: float) -> dict:
+    """``hist`` with its time axis from its update count: update k at k x ``seconds_per_update``
+    (a measured median), so that runs measured at different moments share one clock."""
+    return {**hist, "seconds": [u * seconds_per_update for u in hist["updates"]]}
 
 
 def loss_at_seconds(hist: dict, seconds: float) -> float:
