@@ -10,7 +10,9 @@ ZeRO-3 (FSDP2), the three interleaved ``repeats`` times; the median step of each
 with the planner's estimate for the same model and mesh, on a "cluster" whose two numbers are
 measured in the same run: the FLOP/s of a forward + backward on every rank at once, and the
 bandwidth of a reduce-scatter of the gradients. ``order_holds``: the measured steps come in the
-planner's order (ZeRO-1 < ZeRO-2 < ZeRO-3, as its traffic grows with the micro-batches).
+planner's order (ZeRO-1 < ZeRO-2 < ZeRO-3, as its traffic grows with the micro-batches), the
+measured order read from each round's steps over that round's ZeRO-1 step (median over the
+rounds): a busy spell of the machine slows the steps of one round alike.
 """
 from __future__ import annotations
 
@@ -87,7 +89,9 @@ def measure_steps(micro_batches: int = 4, repeats: int = 3) -> dict:
     model = planner_model(xs.shape[1])
     flops = statistics.median(compute)
     wire = (world - 1) / world * grads.numel() * grads.element_size()
-    return {"step_s": {z: statistics.median(t) for z, t in times.items()},
+    # each round's steps ran back to back: their ratios to that round's ZeRO-1 step see one load
+    relative = {z: statistics.median(a / b for a, b in zip(t, times[ZEROS[0]])) for z, t in times.items()}
+    return {"step_s": {z: statistics.median(t) for z, t in times.items()}, "relative": relative,
             "tflops": model.flops_per_token() * xs.shape[1] / flops / 1e12,
             "gbps": wire / statistics.median(comm) / 1e9, "world": world,
             "micro_batches": micro_batches, "seq": xs.shape[1]}
@@ -107,7 +111,8 @@ def compare(measured: dict) -> dict:
     """{"rows": [(zero, predicted s, measured s)], "order_holds", "predicted_order", "measured_order"}."""
     want, got = predict(measured), measured["step_s"]
     p_order = sorted(ZEROS, key=want.get)
-    m_order = sorted(ZEROS, key=got.get)
+    # the order from each round's own ratios (a busy spell slows one round's steps alike)
+    m_order = sorted(ZEROS, key=measured.get("relative", got).get)
     return {"rows": [(z, want[z], got[z]) for z in ZEROS], "predicted_order": p_order,
             "measured_order": m_order, "order_holds": p_order == m_order}
 
