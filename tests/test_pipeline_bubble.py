@@ -57,3 +57,24 @@ def test_table_on_simulated_timelines():
         for m in (2, 4, 8):
             assert sims[name][m] == pytest.approx(statistics.median(slow[name][m]["bubbles"]))
             assert sims[name][m] > bubble_theory(2, m) + 0.03
+
+
+def test_replay_counts_what_an_overrun_adds():
+    """A held step where one forward ran 3 x past its hold: the replay with that step's own
+    durations gives its bubble exactly, and the overrun's share is what it adds to the formula."""
+    from source_code.pipeline import simulator as sim
+    hold = {"F": [0.01, 0.01], "B": [0.02, 0.02]}
+    late = {("F", 0, 2): 0.03}                     # stage 0's third forward: its core was taken
+    out = {}
+    for name in bubble.SCHEDULES:
+        for m in (4, 8):
+            tl = [vars(op) | {} for op in sim.simulate(sim.orders(name, 2, m), hold["F"], hold["B"], durations=late)]
+            out.setdefault(name, {})[m] = {"bubbles": [sim.bubble_fraction(tl)], "step_s": [1.0], "all": [tl]}
+    cost = bubble.costs(out, 2, keep=True)
+    got = bubble.replay(out, 2, {**cost, "comm": 0.0, "gap": 0.0}, hold)
+    for name in bubble.SCHEDULES:
+        for m in (4, 8):
+            (measured,) = out[name][m]["bubbles"]
+            assert got[name][m]["replayed"] == [pytest.approx(measured)]
+            assert measured > bubble_theory(2, m) + 0.01                      # the overrun added idle time
+            assert got[name][m]["overrun"] == [pytest.approx(measured - bubble_theory(2, m))]

@@ -46,7 +46,9 @@ At m = 8 the formula says 0.111, so E <= 0.10 leaves 0.011: about 10 ms of a 900
   one's start, and a stage spends ~0.3 ms between two operations posting its messages.
   Column ``sim`` is the simulator's bubble with these measured costs and each stage's own
   median F and B; it stays above the formula by 0.003 at m = 8 with 256 layers (0.006 with
-  128: shorter operations dilute it less).
+  128: shorter operations dilute it less). In the --out file, ``replay`` gives every measured
+  step replayed by the simulator with that step's own durations (``bubble.replay``), and what
+  operations running past their hold added to it: a busy machine's share, counted.
 
 With 256 layers the raw run gave E = 0.14 (stages 1-2 % apart at m = 8), the held one 0.03-0.04.
 With more processes than cores (p = 4 on 2 cores) stages take turns on a core: the numbers
@@ -155,13 +157,38 @@ def measure(ms, steps: int, work: harness.Workload, holds: dict, rank: int, warm
     return out
 
 
-def costs(result: dict, p: int) -> dict:
-    """Per-stage median F and B, message time and gap over every measured step (for the simulator)."""
-    tls = [tl for per_m in result.values() for r in per_m.values() for tl in r.pop("all")]
+def costs(result: dict, p: int, keep: bool = False) -> dict:
+    """Per-stage median F and B, message time and gap over every measured step (for the simulator);
+    the steps' records ("all") are dropped unless ``keep``."""
+    tls = [tl for per_m in result.values() for r in per_m.values()
+           for tl in (r["all"] if keep else r.pop("all"))]
     med = {k: [statistics.median(r["end"] - r["start"] for tl in tls for r in tl
                                  if r["stage"] == s and r["kind"] == k) for s in range(p)] for k in "FB"}
     comm, gap = overheads(tls)
     return {"F": med["F"], "B": med["B"], "comm": comm, "gap": gap}
+
+
+def replay(result: dict, p: int, cost: dict, nominal: dict | None) -> dict:
+    """Each measured step replayed by the simulator: {schedule: {m: {"replayed": [bubble per
+    step], "overrun": [...]}}}. "replayed" feeds it that step's own durations, operation by
+    operation, with the run's message time and gap: whatever the machine did to an operation
+    (a busy core, a late page fault) is in its duration, and the idle time that follows from it
+    is the model's. "overrun": the replayed bubble minus the same replay with every operation at
+    its nominal duration (its hold; the stage's median without one): the idle time that
+    operations running past their nominal duration added to that step."""
+    out = {}
+    for name, per_m in result.items():
+        for m, r in per_m.items():
+            order = simulator.orders(name, p, m)
+            base = nominal or {"F": cost["F"], "B": cost["B"]}
+            plain = simulator.bubble_fraction(simulator.simulate(order, base["F"], base["B"], cost["comm"], cost["gap"]))
+            got = []
+            for tl in r["all"]:
+                durations = {(op["kind"], op["stage"], op["mb"]): op["end"] - op["start"] for op in tl}
+                got.append(simulator.bubble_fraction(simulator.simulate(order, base["F"], base["B"], cost["comm"],
+                                                                        cost["gap"], durations=durations)))
+            out.setdefault(name, {})[m] = {"replayed": got, "overrun": [g - plain for g in got]}
+    return out
 
 
 def table(result: dict, p: int, cost: dict, run: str = "") -> tuple[list[str], float, dict]:
@@ -245,15 +272,20 @@ def main(argv=None):
                   "slow": {"stage": args.slow_stage, "factor": args.slow_factor}, "runs": {}}
         lines = [HEADER]
         for run in runs:
-            cost = costs(result[run], p)
+            per = holds[run]
+            nominal = None if per[0] is None else {k: [h[k] for h in per] for k in "FB"}
+            cost = costs(result[run], p, keep=True)
+            replays = replay(result[run], p, cost, nominal)
+            for per_m in result[run].values():
+                for v in per_m.values():
+                    v.pop("all")
             rows, worst, sims = table(result[run], p, cost, run)
             lines += rows
-            per = holds[run]
             over = 0 if per[0] is None else sum(
                 r["end"] - r["start"] > per[r["stage"]][r["kind"]] + 1e-3
                 for per_m in result[run].values() for v in per_m.values() for r in v["timeline"])
             report["runs"][run] = {"holds": holds[run], "result": result[run], "cost": cost,
-                                   "sim": sims, "max_rel_error": worst, "past_hold": over}
+                                   "sim": sims, "replay": replays, "max_rel_error": worst, "past_hold": over}
         print0("\n".join(lines))
         for run, r in report["runs"].items():
             c = r["cost"]

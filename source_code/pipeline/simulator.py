@@ -141,10 +141,13 @@ def _per_stage(cost, p: int) -> list[float]:
     return [float(cost)] * p if isinstance(cost, (int, float)) else [float(c) for c in cost]
 
 
-def simulate(orders_: list[list[tuple]], fwd=1.0, bwd=2.0, comm=0.0, gap=0.0, wgt=0.0) -> list[Op]:
+def simulate(orders_: list[list[tuple]], fwd=1.0, bwd=2.0, comm=0.0, gap=0.0, wgt=0.0,
+             durations: dict | None = None) -> list[Op]:
     """Start and end of every operation; ``fwd``/``bwd``/``wgt`` are the costs of one F, B, W
     (one number, or one per stage; a chunk's operation when a rank holds several), ``comm`` the
     time of a message, ``gap`` a stage's idle time between two of its operations.
+    ``durations``: {(kind, stage, microbatch): seconds} for single operations, overriding the
+    per-stage cost (a measured step replayed operation by operation).
 
     Raises Deadlock when no stage can proceed (e.g. two stages each waiting for the other).
     """
@@ -166,7 +169,7 @@ def simulate(orders_: list[list[tuple]], fwd=1.0, bwd=2.0, comm=0.0, gap=0.0, wg
                 if ready is None:
                     break
                 start = max(free[s] + (gap if nxt[s] else 0.0), ready)
-                end = start + cost[kind][s]
+                end = start + (durations.get((kind, s, i), cost[kind][s]) if durations else cost[kind][s])
                 done[(kind, g, i)] = free[s] = end
                 out.append(Op(s, kind, i, start, end, c))
                 nxt[s] += 1
