@@ -80,6 +80,7 @@ class BucketedDDP(nn.Module):
         self._ready = [0] * len(self.buckets)  # per bucket: gradients final in this backward()
         self._n_ready, self._n_params = 0, len(params)
         self._pending: list[tuple[dist.Work, int, torch.Tensor]] = []
+        self._waited: list[dist.Work] = []  # the last step's handles, kept (see _finish)
         self.require_sync = True
         self.collectives = 0  # all_reduce calls issued so far (each from a hook, during backward)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
@@ -149,6 +150,13 @@ class BucketedDDP(nn.Module):
                 n = p.numel()
                 p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
                 offset += n
+        # Keep this step's handles until the next step's are waited for, as torch's DDP keeps
+        # its buckets' work. A collective issued inside backward() carries a Python object (the
+        # backward's context) that only a thread holding the GIL may release; if our handle were
+        # dropped first, gloo's worker thread would drop the last reference and, when that falls
+        # on the interpreter's exit, it cannot take the GIL and the process aborts ("terminate
+        # called without an active exception"). Kept here, the last reference is always ours.
+        self._waited = [work for work, _, _ in self._pending]
         self._pending.clear()
         self._ready = [0] * len(self.buckets)
         self._n_ready = 0
