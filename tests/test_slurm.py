@@ -134,19 +134,21 @@ def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(su
     # 1-minute limit, USR1 40 s before it: an early USR1 (Slurm's timer may send it up to a minute
     # early; a requeued run gets a stale one at its start) arms a timer for 40 s before the limit;
     # the trap waits for the epoch in progress to be saved, then requeues: same id, same log
-    # (--open-mode=append). Every run trains for its first 20 s minus its start-up (10-15 s), and a
-    # requeued run starts again 16-21 s later (cred_expire and sched_interval, slurm_cluster.py);
-    # an epoch of one step takes 0.03-0.08 s here, so 400 epochs need 2-4 runs.
-    ckpt, epochs = tmp_path / "snap.pt", 400
+    # (--open-mode=append). The first run trains 2 epochs and then waits until the trap stops it
+    # (source_code.launch.requeue_drill): the job is certainly still running when the warning
+    # comes, on a fast machine or a slow one; the next run resumes after epoch 2 and ends.
+    ckpt, epochs = tmp_path / "snap.pt", 6
     job = submit("ddp_fault_tolerant.slurm", "--epochs", str(epochs), "--max-steps", "1",
-                 env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "10",
-                      "REQUEUE_LEAD": "40"},
+                 "--hold-after-epoch", "2",
+                 env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "3",
+                      "REQUEUE_LEAD": "40", "TRAIN_MODULE": "source_code.launch.requeue_drill"},
                  sbatch_args=["--time=1", "--signal=B:USR1@40"], timeout=900)
     assert job.ok, job.output
+    assert "holding after epoch 2: this run waits until the job stops it" in job.output
     assert job.restarts >= 1 and "run 2 of job" in job.output
     assert re.search(r"time limit near: stopping the training after waiting \d+s", job.output)
     assert f"requeueing job {job.id}; run 2 resumes from {ckpt}" in job.output
     resumed = [int(e) for e in re.findall(rf"resumed from {re.escape(str(ckpt))} after epoch (\d+)", job.output)]
-    assert resumed and 1 <= min(resumed) < epochs, job.output[-3000:]
+    assert resumed and resumed[0] == 2, job.output[-3000:]
     summary = parse_summary(job.output[job.output.rindex("summary:"):])
     assert summary["epochs"] == epochs and summary["world_size"] == 2
