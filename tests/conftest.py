@@ -47,11 +47,11 @@ def cluster():
     if reason:
         _unavailable(reason)
     try:
-        base = slurm_cluster.start()
+        base = slurm_cluster.acquire()
     except (slurm_cluster.ClusterUnavailable, subprocess.CalledProcessError) as err:
         _unavailable(f"local Slurm cluster did not start: {err}")
     yield base
-    slurm_cluster.stop(base)
+    slurm_cluster.release(base)
 
 
 @pytest.fixture

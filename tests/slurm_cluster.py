@@ -240,6 +240,49 @@ def stop(base: Path = DEFAULT_BASE, quiet: bool = False) -> None:
         _say(f"stopped {len(pids)} daemons")
 
 
+# ------------------------------------------------------------------ one cluster, several users
+# Several pytest processes may want the cluster at once (pytest-xdist workers, two developers'
+# runs on one machine): each ``acquire``s it and ``release``s it when done; the first starts it
+# (or takes over one already running with the same configuration), the last one stops it.
+# A user is a file named after its pid in <base>/users; files of dead processes do not count.
+def _users(base: Path) -> list[int]:
+    live = []
+    for f in (base / "users").glob("*"):
+        pid = int(f.name) if f.name.isdigit() else -1
+        if pid > 0 and _alive(pid):
+            live.append(pid)
+        else:
+            f.unlink(missing_ok=True)
+    return live
+
+
+def acquire(base: Path = DEFAULT_BASE, **kw) -> Path:
+    """Start the cluster unless it already runs with this configuration; count this process in."""
+    import fcntl
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cpus = kw.get("cpus") or int(os.environ.get("SLURM_NODE_CPUS", 2))
+        wanted = slurm_conf(base, cpus, kw.get("mem_mb", 8000))
+        same = CONF.exists() and CONF.read_text() == wanted
+        others = [p for p in _users(base) if p != os.getpid()]
+        if not (same and is_running()) and not (others and is_running()):
+            start(base, **kw)
+        (base / "users").mkdir(exist_ok=True)
+        (base / "users" / str(os.getpid())).touch()
+    return base
+
+
+def release(base: Path = DEFAULT_BASE) -> None:
+    """Count this process out; the last user stops the cluster."""
+    import fcntl
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (base / "users" / str(os.getpid())).unlink(missing_ok=True)
+        if not _users(base):
+            stop(base)
+
+
 # jobs: submit + poll helpers live in the package (notebook 06 uses them too)
 from source_code.launch.jobs import Job, job_info, run_job, sbatch, wait  # noqa: E402,F401
 
