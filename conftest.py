@@ -1,10 +1,11 @@
 """The suite's time report (here, at the root, so that the notebooks' cells are counted too:
 hooks of tests/conftest.py see only the tests under tests/).
 
-Beside each file's wall time it gives the CPU time spent while the file ran: the busy seconds of
-all cores, read from /proc/stat, so the file's own processes count (torchrun's workers, the
-notebook's kernel and what it starts, the Slurm jobs it submits). On a quiet machine a file
-whose CPU time is far below 2 x its wall time (2 cores) spends that time waiting, not working.
+Beside each file's wall time it gives its CPU time: the CPU seconds of the pytest process that
+ran it and of every process it started (torchrun and its workers, the notebook's kernel and what
+that starts; for the Slurm tests and notebook 06 also the jobs, which the local cluster's
+daemons start). A file whose CPU time is far below its wall time spends that time waiting.
+With pytest-xdist each worker measures its own tests and the report is made from all of them.
 """
 from __future__ import annotations
 
@@ -13,40 +14,73 @@ import os
 
 import pytest
 
+try:
+    import psutil
+except ImportError:  # the report then counts the pytest process and what it reaped only
+    psutil = None
+
 # --------------------------------------------------------------- where the suite's time went
 NOTEBOOK_BUDGET_S = 120  # design.md: every notebook under 2 minutes on 2 CPU cores
 _durations: dict[str, float] = {}
 _cpu: dict[str, float] = {}
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_START = pytest.StashKey[float]()
 
 
-def busy_cpu_seconds() -> float:
-    """Seconds all cores together spent busy since boot (0.0 where /proc/stat is missing)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
-    return (sum(fields[:8]) - idle) / _TICK
+def _tree_seconds(proc) -> float:
+    """CPU seconds of ``proc``, of the children it reaped and of its live descendants."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _slurm_daemons():
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] in ("slurmd", "slurmstepd")] \
+        if psutil else []
+
+
+def cpu_seconds(item) -> float:
+    if psutil is None:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+    total = _tree_seconds(psutil.Process())
+    if item.get_closest_marker("slurm") or "cluster" in getattr(item, "fixturenames", ()) \
+            or item.nodeid.startswith("notebooks/06_"):
+        # the jobs' processes are the daemons' children, not ours
+        total += sum(_tree_seconds(p) for p in _slurm_daemons() if p.info["name"] == "slurmd")
+    return total
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start = busy_cpu_seconds()
+    item.stash[_START] = cpu_seconds(item)
     yield
-    _cpu[item.nodeid] = _cpu.get(item.nodeid, 0.0) + busy_cpu_seconds() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    now = cpu_seconds(item)
+    report.user_properties.append(("cpu_s", now - item.stash.get(_START, now)))
+    item.stash[_START] = now
 
 
 def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    cpu = sum(v for k, v in report.user_properties if k == "cpu_s")
+    _cpu[report.nodeid] = _cpu.get(report.nodeid, 0.0) + cpu
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
     """A short table at the end of every run: the ten slowest test files with their CPU time,
     every notebook's time beside the 2 minutes it is meant to take (a report, not a timed test),
     the ten slowest tests."""
-    if not _durations:
+    if not _durations or hasattr(config, "workerinput"):
         return
     if os.environ.get("WORKSHOP_TIMES_JSON"):   # every test's (wall, cpu), for a closer look
         with open(os.environ["WORKSHOP_TIMES_JSON"], "w") as f:
@@ -59,8 +93,8 @@ def pytest_terminal_summary(terminalreporter):
         cpu[path] = cpu.get(path, 0.0) + _cpu.get(nodeid, 0.0)
     tr = terminalreporter
     tr.section("where the time went")
-    tr.write_line(f"{sum(wall.values()):8.1f} s in all, {len(_durations)} tests; "
-                  f"cpu: busy seconds of all {os.cpu_count()} cores while the file ran")
+    tr.write_line(f"{sum(wall.values()):8.1f} s of tests in all ({len(_durations)} tests), "
+                  f"{sum(cpu.values()):.1f} s of CPU")
     tr.write_line(f"{'wall':>8}   {'cpu':>7}")
     tests = sorted(((p, t) for p, t in wall.items() if not p.endswith(".ipynb")), key=lambda kv: -kv[1])
     for path, seconds in tests[:10]:
