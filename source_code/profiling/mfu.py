@@ -143,8 +143,10 @@ def matmul_peak(device="cpu", dtype=torch.float32, n: int | None = None, repeats
 
 
 def step_time(model, batch: int, seq: int, device="cpu", bf16: bool = False, compile: bool = False,
-              steps: int = 5, warmup: int = 2) -> float:
-    """Median seconds of a full training step (forward, backward, AdamW) on random tokens."""
+              steps: int = 5, warmup: int = 2, all_steps: bool = False, before_each=None):
+    """Median seconds of a full training step (forward, backward, AdamW) on random tokens
+    (``all_steps``: the list of every timed step). ``before_each()`` runs, untimed, before each
+    timed step."""
     vocab = model.head.out_features
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if torch.device(device).type == "cuda" else {}))
     fwd = torch.compile(model) if compile else model
@@ -152,6 +154,8 @@ def step_time(model, batch: int, seq: int, device="cpu", bf16: bool = False, com
     y = torch.randint(0, vocab, (batch, seq), device=device)
     times = []
     for i in range(warmup + steps):
+        if i >= warmup and before_each is not None:
+            before_each()
         sync(device)
         t0 = time.perf_counter()
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
@@ -162,25 +166,32 @@ def step_time(model, batch: int, seq: int, device="cpu", bf16: bool = False, com
         sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times if all_steps else statistics.median(times)
 
 
 def measure(dim: int = 256, layers: int = 4, seq: int = 128, batch: int = 8, vocab: int = 512,
             device="cpu", bf16: bool = False, compile: bool = False, steps: int = 5) -> dict:
-    """MFU of a TransformerLM of this shape, with the peak measured right before the step."""
+    """MFU of a TransformerLM of this shape: a peak matmul measured right before each step, and
+    MFU the median over the steps of each step's FLOP/s over the peak measured before it."""
     torch.manual_seed(0)
     model = models.TransformerLM(vocab_size=vocab, dim=dim, n_layers=layers,
                                  n_heads=max(dim // 64, 1) if dim < 1024 else dim // 128,
                                  max_len=seq).to(device)
     flops = transformer_flops(layers, dim, vocab, batch, seq)
-    peak = matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
     row, sheet = datasheet_peak(device, bf16)
-    t = step_time(model, batch, seq, device, bf16, compile, steps)
+    # a peak matmul right before every step: the two see the same machine, busy or quiet
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    peaks = []
+    times = step_time(model, batch, seq, device, bf16, compile, steps, all_steps=True,
+                      before_each=lambda: peaks.append(matmul_peak(device, dtype, repeats=1)))
+    t = statistics.median(times)
+    mfu = statistics.median(flops / ti / pi for ti, pi in zip(times, peaks))  # step by step
+    peak = flops / t / mfu  # the measured peak that goes with the median step
     return {"params": models.count_parameters(model), "matmul_weights": matmul_weights(layers, dim, vocab),
             "flops_per_step": flops, "model_flops": model_flops(layers, dim, vocab, batch, seq),
             "attention_flops": attention_flops(layers, dim, batch, seq),
             "step_s": t, "achieved_flops": flops / t, "peak_flops": peak,
-            "mfu": flops / t / peak,                       # against the measured peak
+            "mfu": mfu,                                    # against the measured peak
             "datasheet": row, "datasheet_flops": sheet,
             "mfu_datasheet": flops / t / sheet if sheet else None,  # the published kind
             "format": number_format(device, bf16),
