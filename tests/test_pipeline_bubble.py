@@ -7,7 +7,7 @@ held bubble within 0.08 of (p - 1) / (m + p - 1) and shrinking as m grows, the s
 every stage, the simulator's prediction at or above the formula, the slow run above the
 formula and within 0.06 of the simulator's bubble with its own per-stage costs, each beside what
 operations running past their hold added (the replay's count), and every measured step's bubble
-within 0.05 of its replay.
+within 0.08 of its replay.
 """
 import statistics
 
@@ -21,7 +21,7 @@ def test_run_holds():
     hold = {"F": 0.01, "B": 0.02}
     got = bubble.run_holds(["raw", "held", "slow"], hold, 3, slow_stage=1, slow_factor=1.5)
     assert got["raw"] == [None] * 3 and got["held"] == [hold] * 3
-    assert got["slow"][0] == got["slow"][2] == hold and got["slow"][1] == {"F": 0.015, "B": 0.03}
+    assert got["slow"][0] == got["slow"][2] == hold and got["slow"][1] == {"F": 0.015, "B": 0.03, "scale": 1.5}
 
 
 @pytest.mark.parametrize("args, message", [

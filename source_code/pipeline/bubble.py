@@ -25,8 +25,9 @@ steps. Three runs (--runs), taking turns at each m in one launch:
   median in a calibration step, GPipe at the largest m, where operations are slowest): the
   stage computes, then holds until the time is up, like a device of fixed speed
   (``schedules.run_step``'s ``hold``). The hold counts as busy: the controlled experiment;
-* ``slow``: held, but stage --slow-stage holds --slow-factor x as long (a slower device, or a
-  stage with more layers): the formula assumes equal stages and does not predict this one.
+* ``slow``: held, but stage --slow-stage holds --slow-factor x as long, and at least that many
+  times its own computation (a slower device, or a stage with more layers, stays that much slower
+  on a busy machine): the formula assumes equal stages and does not predict this one.
 
 Last lines, then: ``bubble_max_rel_error_RUN=E`` per run and ``bubble_max_rel_error=E`` (of
 the held run; of the first run without it), E the largest |measured - theory| / theory over m
@@ -137,7 +138,8 @@ def run_holds(runs, hold: dict | None, p: int, slow_stage: int, slow_factor: flo
             out[run] = [None] * p
         else:
             f = [slow_factor if run == "slow" and s == slow_stage else 1.0 for s in range(p)]
-            out[run] = [{k: f[s] * v for k, v in hold.items()} for s in range(p)]
+            out[run] = [{k: f[s] * v for k, v in hold.items()} | ({"scale": f[s]} if f[s] != 1.0 else {})
+                        for s in range(p)]
     return out
 
 
@@ -171,23 +173,28 @@ def costs(result: dict, p: int, keep: bool = False) -> dict:
 def replay(result: dict, p: int, cost: dict, nominal: dict | None) -> dict:
     """Each measured step replayed by the simulator: {schedule: {m: {"replayed": [bubble per
     step], "overrun": [...]}}}. "replayed" feeds it that step's own durations, operation by
-    operation, with the run's message time and gap: whatever the machine did to an operation
-    (a busy core, a late page fault) is in its duration, and the idle time that follows from it
-    is the model's. "overrun": the replayed bubble minus the same replay with every operation at
-    its nominal duration (its hold; the stage's median without one): the idle time that
-    operations running past their nominal duration added to that step."""
+    operation, with that step's median message time and gap (the run's where a step has none):
+    whatever the machine did to an operation (a busy core, a late page fault) is in its
+    duration, and the idle time that follows from it is the model's. "overrun": the replayed
+    bubble minus the same replay with every operation at its nominal duration (its hold; the
+    stage's median without one): the idle time that operations running past their nominal
+    duration added to that step."""
     out = {}
     for name, per_m in result.items():
         for m, r in per_m.items():
             order = simulator.orders(name, p, m)
             base = nominal or {"F": cost["F"], "B": cost["B"]}
-            plain = simulator.bubble_fraction(simulator.simulate(order, base["F"], base["B"], cost["comm"], cost["gap"]))
-            got = []
+            got, plain = [], []
             for tl in r["all"]:
+                try:
+                    comm, gap = overheads([tl])
+                except statistics.StatisticsError:  # no message waited for, or no gap, in this step
+                    comm, gap = cost["comm"], cost["gap"]
                 durations = {(op["kind"], op["stage"], op["mb"]): op["end"] - op["start"] for op in tl}
-                got.append(simulator.bubble_fraction(simulator.simulate(order, base["F"], base["B"], cost["comm"],
-                                                                        cost["gap"], durations=durations)))
-            out.setdefault(name, {})[m] = {"replayed": got, "overrun": [g - plain for g in got]}
+                got.append(simulator.bubble_fraction(simulator.simulate(order, base["F"], base["B"], comm, gap,
+                                                                        durations=durations)))
+                plain.append(simulator.bubble_fraction(simulator.simulate(order, base["F"], base["B"], comm, gap)))
+            out.setdefault(name, {})[m] = {"replayed": got, "overrun": [g - q for g, q in zip(got, plain)]}
     return out
 
 

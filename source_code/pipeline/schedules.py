@@ -16,7 +16,9 @@ process reads the same monotonic clock, so the records of all stages share one t
 On a GPU both readings go through ``clock``, which first waits for the device (see there).
 
 ``hold`` (for measuring the bubble) makes every F last hold["F"] seconds and every B hold["B"]:
-the stage computes, then holds until that time has passed, like a device of fixed speed. The
+the stage computes, then holds until that time has passed, like a device of fixed speed; with
+hold["scale"] also at least that many times its computation (a slower device stays that much
+slower when a busy machine stretches every computation past its hold). The
 formula assumes stages of equal cost; two CPU cores of a shared machine are not (one runs the
 same work a few per cent slower than the other from second to second).
 """
@@ -117,8 +119,8 @@ def run_step(stage, order, link, act_shape, inputs=None, targets=None, loss_fn=N
             torch.autograd.backward(y, None if last else inbox)      # inbox: dL/dy (b, t, dim)
             send = None if first else (x.grad, "prev")               # dL/dx (b, t, dim)
         end = clock(link.device)                   # the computation has finished
-        if hold:
-            hold_until(start + hold[kind])
+        if hold:  # "scale": a device that many times slower, whatever else slows this one
+            hold_until(start + max(hold[kind], hold.get("scale", 1) * (end - start)))
             end = time.perf_counter()
         records.append({"stage": link.stage, "kind": kind, "mb": i, "start": start, "end": end})
         peak_in_flight = max(peak_in_flight, len(stash))
