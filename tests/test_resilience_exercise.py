@@ -1,9 +1,11 @@
-"""Notebook 17's exercise: the check accepts the reference and names typical wrong answers in one line."""
+"""Notebook 17's exercise: the check accepts the reference and right answers written other ways,
+and names typical wrong answers in one line."""
 from __future__ import annotations
 
 import math
 
-from source_code.resilience.exercise import CASES, check_snapshot_every
+from source_code.resilience import young_daly
+from source_code.resilience.exercise import CASES, check_snapshot_every, right
 from source_code.solutions.nb17_resilience import snapshot_every_steps
 
 
@@ -11,31 +13,54 @@ def test_reference_passes():
     assert check_snapshot_every(snapshot_every_steps).startswith("correct")
 
 
-def _young(c, s, f):
-    return max(1, round(math.sqrt(2 * c * 86400 / f) / s))
+def _mtbf(f):
+    return 86400 / f
 
 
-def _mtbf_in_days(c, s, f):
-    m = 1 / f
+def _floor_of_best(c, s, f):
+    return max(1, math.floor(young_daly.best_interval(c, _mtbf(f)) / s))
+
+
+def _grid_search(c, s, f):       # another way: scan whole steps around the first guess
+    waste = lambda n: young_daly.waste_fraction(n * s, c, _mtbf(f))
+    guess = max(1, round(math.sqrt(2 * c * _mtbf(f)) / s))
+    return min(range(1, 3 * guess + 2), key=waste)
+
+
+def _daly_capped(c, s, f):       # first-order Daly, M beyond C >= 2M
+    m = _mtbf(f)
     return max(1, round((math.sqrt(2 * c * m) - c) / s)) if c < 2 * m else max(1, round(m / s))
 
 
+def test_right_answers_written_another_way_pass():
+    for fn in (_floor_of_best, _grid_search, lambda c, s, f: float(snapshot_every_steps(c, s, f))):
+        assert check_snapshot_every(fn).startswith("correct"), fn
+
+
+def _young(c, s, f):
+    return max(1, round(math.sqrt(2 * c * _mtbf(f)) / s))
+
+
+def _daly_uncapped(c, s, f):
+    m = _mtbf(f)
+    return max(1, round((math.sqrt(2 * c * m) - c) / s)) if c < 2 * m else 1
+
+
+def _mtbf_in_days(c, s, f):
+    return max(1, round(young_daly.best_interval(c, 1 / f) / s))
+
+
 def _seconds_not_steps(c, s, f):
-    m = 86400 / f
-    return math.sqrt(2 * c * m) - c if c < 2 * m else m
+    return round(young_daly.best_interval(c, _mtbf(f)))
 
 
 def _no_factor_2(c, s, f):
-    return max(1, round((math.sqrt(c * 86400 / f) - c) / s))
-
-
-def _no_daly_branch(c, s, f):
-    return max(1, round((math.sqrt(2 * c * 86400 / f) - c) / s))
+    return max(1, round(math.sqrt(c * _mtbf(f)) / s))
 
 
 def test_typical_wrong_answers_get_their_own_one_line_diagnosis():
-    want = {_young: "Young", _mtbf_in_days: "in seconds", _seconds_not_steps: "steps",
-            _no_factor_2: "factor 2", _no_daly_branch: "C >= 2M"}
+    want = {_young: "Young's interval", _daly_capped: "first-order Daly", _daly_uncapped: "first-order Daly",
+            _mtbf_in_days: "in seconds", _seconds_not_steps: "training steps", _no_factor_2: "factor 2"}
     for fn, phrase in want.items():
         verdict = check_snapshot_every(fn)
         assert verdict.startswith("wrong") and phrase in verdict and "\n" not in verdict, (fn.__name__, verdict)
@@ -51,9 +76,15 @@ def test_unfinished_raising_and_non_numbers_are_one_line():
     assert check_snapshot_every(todo).startswith("not done yet")
     assert check_snapshot_every(broken).startswith("wrong: it raised ZeroDivisionError")
     assert check_snapshot_every(lambda *a: "10").startswith("wrong: return a number")
+    assert check_snapshot_every(lambda *a: snapshot_every_steps(*a) + 0.5).startswith("wrong: return a whole")
     assert check_snapshot_every(lambda c, s, f: snapshot_every_steps(c, s, f) * 3).startswith("wrong: too large")
 
 
-def test_the_check_covers_the_daly_cap_and_a_snapshot_cheaper_than_a_step():
-    assert any(c >= 2 * 86400 / f for c, s, f in CASES)
+def test_the_cases_separate_the_model_from_its_approximations():
+    """Where the snapshot is cheap the formulas are right too; the check also holds a case
+    where both closed formulas waste more than the tolerance, one with C >= 2M, one with C < a step."""
+    cheap = [c for c in CASES if c[0] < 1e-3 * _mtbf(c[2])]
+    assert cheap and all(right(_young(*c), c) and right(_daly_capped(*c), c) for c in cheap)
+    assert any(not right(_young(*c), c) and not right(_daly_capped(*c), c) for c in CASES)
+    assert any(c >= 2 * _mtbf(f) for c, s, f in CASES)
     assert any(c < s for c, s, f in CASES)

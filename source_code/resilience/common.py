@@ -8,6 +8,7 @@ every global step: a run that loses no work and a run that loses some differ onl
 * ``part_batch(step, parts, part)``: the ``part``-th of ``parts`` slices of global step ``step``;
 * ``digest(model, optimizer)``: SHA-256 of every parameter and optimizer tensor, byte for byte:
   two replicas are bitwise equal exactly when their digests are;
+* ``gather_floats(value)``: every rank's float, all-gathered (world_size x 8 bytes);
 * ``StepLog``: one JSON line per event with the wall-clock time, read back by the harnesses.
 """
 from __future__ import annotations
@@ -61,6 +62,14 @@ def digest(model, optimizer=None) -> str:
     for t in state_tensors(model, optimizer):
         h.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def gather_floats(value: float, group=None) -> list[float]:
+    import torch.distributed as dist
+    mine = torch.tensor([value], dtype=torch.float64)                    # (1,) on the CPU: gloo
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)                            # world_size x 8 bytes
+    return [t.item() for t in every]
 
 
 class StepLog:

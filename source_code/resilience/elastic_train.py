@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from source_code.cli import Parser, positive_int, writable_path
 from source_code.distributed import print0, run_main, session
-from source_code.resilience import common, reshard
+from source_code.resilience import common, faults, reshard
 
 LAUNCH = ("torchrun --nnodes=1:2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT "
           "-m source_code.resilience.elastic_train")
@@ -51,6 +51,20 @@ def mark_latest(directory: str, name: str) -> None:
     os.replace(tmp, os.path.join(directory, LATEST))
 
 
+def drill_faults(args, me, consumed: int, name: str | None) -> None:
+    """The elastic drill's faults, at a step boundary once checkpoint ``name`` is the latest:
+    ``--die-at N``: in its first world this node dies (its agent and its worker) at the first
+    boundary at or past N samples; ``--hold-at N,M``: a world of one worker waits at sample N
+    (0: before its first step) until torchrun restarts it because a node has joined."""
+    if 0 <= args.die_at <= consumed and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        while name and latest_checkpoint(args.checkpoint_dir) != os.path.join(args.checkpoint_dir, name):
+            time.sleep(0.01)                       # rank 0 marks it: the kill lands after that
+        faults.die_with_agent()
+    if consumed in args.hold_at and me.world_size == 1:
+        print0(f"world 1: waiting at sample {consumed} for a node to join")
+        faults.hold_until_restarted("node joining the job")
+
+
 def train(me, args) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log = common.StepLog(os.path.join(args.log_dir, f"worker_{os.getpid()}.jsonl"))
@@ -60,6 +74,8 @@ def train(me, args) -> None:
     found = latest_checkpoint(args.checkpoint_dir)
     if found:
         reshard.load(found, model, optimizer, position)           # any world size -> this one
+    else:
+        drill_faults(args, me, 0, None)                           # the drill: wait for a partner
     resumed_at, port = position.consumed, int(os.environ["MASTER_PORT"])    # port: new every round
     log.write(event="start", rank=me.rank, world=me.world_size, master_port=port, attempt=attempt,
               pid=os.getpid(), agent=os.getppid(), host=socket.gethostname(), resumed_at=resumed_at)
@@ -77,11 +93,16 @@ def train(me, args) -> None:
         reshard.save(os.path.join(args.checkpoint_dir, name), model, optimizer, position)
         if me.rank == 0:
             mark_latest(args.checkpoint_dir, name)
+        drill_faults(args, me, position.consumed, name)
     if me.rank == 0:
         log.write(event="end", world=me.world_size, consumed=position.consumed, samples=len(dataset),
                   batch_size=args.batch_size,
                   digest=common.digest(model), eval_loss=common.eval_loss(model, dataset))
     print0(f"world {me.world_size}: epoch done ({position.consumed} samples)")
+
+
+def _samples(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
 
 
 def main(argv=None):
@@ -92,6 +113,9 @@ def main(argv=None):
     p.add_argument("--batch-size", type=positive_int, default=8, help="global batch, kept on any world")
     p.add_argument("--sample-seconds", type=float, default=0.025,
                    help="the shortest compute time per sample on a rank (a bigger model's)")
+    p.add_argument("--die-at", type=int, default=-1, help="drill: this node dies after this many samples")
+    p.add_argument("--hold-at", type=_samples, default=(),
+                   help="drill: a world of 1 waits at these sample counts (e.g. 0,40) until a node joins")
     args = p.parse_args(argv)
     if not args.sample_seconds >= 0:
         p.error("--sample-seconds must be >= 0")

@@ -1,43 +1,66 @@
 """One replica group of per-step fault-tolerant training with torchft (here: one process per group).
 
     python -m source_code.resilience.ft_run          # starts the lighthouse and the replicas
-    python -m source_code.resilience.ft_replica --lighthouse http://127.0.0.1:PORT --replica 0
+    python -m source_code.resilience.ft_replica --lighthouse http://HOST:29510 --replica 0 --replicas 2
 
-What changes against notebook 05's DDP loop, line by line:
-* a ``Manager`` per replica group talks to the lighthouse: before every step it asks who is
-  alive (the quorum); a group that is behind (a restarted one) receives the model and optimizer
-  state from a live peer over HTTP before it steps: no checkpoint file is read;
-* ``torchft.DistributedDataParallel`` averages the gradients over the groups in this step's
-  quorum only; a group that died mid-step makes the all-reduce fail instead of hang;
-* ``torchft.Optimizer.step`` applies the update only when every group in the quorum says the
-  step went well (``should_commit``): a failed step is thrown away, not half-applied.
+What changes against notebook 05's DDP loop, line by line (``step_once``):
+* ``ft_optimizer.zero_grad()`` starts this step's quorum: the group's ``Manager`` asks torchft's
+  lighthouse which groups are alive; a group that is behind (a restarted one) receives the
+  model and optimizer state from a live peer (over HTTP) during this step: no checkpoint file;
+* ``manager.allreduce(grad)``: the gradients averaged over the groups of this step's quorum only
+  (a healing group sends zeros and is not counted); if a peer dies in the all-reduce, waiting
+  on it records the error instead of raising it. (torchft 0.2's ``DistributedDataParallel``
+  calls the same all-reduce from a DDP comm hook, but on that error path its hook fails an
+  assert and the survivor's backward raises: ft_ddp_bug.py shows it; so the loop calls
+  ``manager.allreduce`` itself, which is the Manager's documented API);
+* ``ft_optimizer.step()`` applies the update only if ``manager.should_commit()`` says so: a
+  vote among the ranks of *this* group (every rank's all-reduce went well, enough groups in
+  the quorum). Each group decides for itself; a group whose all-reduce failed throws the
+  step away and computes the same step again with the next quorum.
 
-``--kill-at-step N`` (the fault drill): on the first attempt the process SIGKILLs itself right
-after committing step N, as a node failure would end it. ``--gate`` makes the first attempt of
-every group wait until all have their manager up, so that they start stepping together.
+The group stops once it has ``--steps`` steps and the last ``--together`` steps had every group
+in the quorum: after a kill, it goes on until the killed group is back (or fails after
+``--deadline`` seconds). ``--kill-at-step N`` (the drill, first attempt only): the process
+SIGKILLs itself inside its all-reduce of step N+1 (resilience/faults.py). ``--gate HOST:PORT``:
+the first attempts of all groups meet in that store (served by the harness, or by the group
+given ``--serve-gate``) before stepping, so that they start together. Every step is logged
+(``--log``) for recovery.py to count.
 """
 from __future__ import annotations
 
 import datetime
 import os
-import signal
+import socket
 import time
 
 import torch
 
 from source_code import workload
 from source_code.cli import Parser, nonnegative_int, positive_float, positive_int
-from source_code.errors import run_main
-from source_code.resilience import common
+from source_code.errors import LaunchError, run_main
+from source_code.resilience import common, faults
 
 
-def train(args) -> None:
-    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
-    log = common.StepLog(args.log)
-    dataset = common.task()
+def step_once(manager, model, ft_optimizer, dataset, args):
+    """One fault-tolerant step: what the notebook shows."""
+    step = manager.current_step()
+    x, y = common.part_batch(dataset, step, args.batch_size, args.replicas, args.replica)
+    ft_optimizer.zero_grad()               # also starts this step's quorum (and a heal if behind)
+    loss = workload.loss_fn(model, x, y)
+    loss.backward()
+    works = [manager.allreduce(p.grad) for p in model.parameters()]   # mean over the quorum's groups
+    for work in works:
+        work.wait()                        # a peer's death is recorded here, not raised
+    ft_optimizer.step()                    # applied only if this group's should_commit says so
+    return step, loss
+
+
+def build(args):
+    os.environ.setdefault("RUST_LOG", "error")     # torchft's Rust side logs every quorum at INFO
+    from torchft import Manager, Optimizer, ProcessGroupGloo
     model, optimizer = common.build(args.seed)     # a restarted group starts from scratch ...
     # this group's own store (a group of several processes would share torchrun's)
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = torch.distributed.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
 
     def state_dict():                              # ... and a peer's state replaces it (the heal)
         return {"model": model.state_dict(), "optim": optimizer.state_dict()}
@@ -46,57 +69,64 @@ def train(args) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
 
-    seconds = datetime.timedelta(seconds=args.timeout)
-    manager = Manager(pg=ProcessGroupGloo(timeout=seconds), min_replica_size=1,
+    timeout = datetime.timedelta(seconds=args.timeout)            # collectives, should_commit, heal
+    quorum = datetime.timedelta(seconds=args.quorum_timeout)      # the wait for a quorum
+    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
                       load_state_dict=load_state_dict, state_dict=state_dict,
                       replica_id=f"replica_{args.replica}", rank=0, world_size=1,
-                      store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=args.lighthouse,
-                      timeout=seconds, quorum_timeout=seconds * 4, connect_timeout=seconds * 4)
-    ddp = DistributedDataParallel(manager, model)
-    ft_optimizer = Optimizer(manager, optimizer)
-    if args.gate:
-        wait_at_gate(args)
+                      store_addr=args.host, store_port=store.port, lighthouse_addr=args.lighthouse,
+                      hostname=args.host,
+                      timeout=timeout, quorum_timeout=quorum, connect_timeout=quorum,
+                      init_sync=False)   # every group builds the same weights from the seed
+    return model, optimizer, manager, Optimizer(manager, optimizer), store
+
+
+def train(args) -> None:
+    log = common.StepLog(args.log)
+    dataset = common.task()
+    model, optimizer, manager, ft_optimizer, _store = build(args)
+    per_group = args.batch_size // args.replicas
+    if args.kill_at_step and args.attempt == 0:
+        faults.die_in_torchft_allreduce(manager, args.kill_at_step, log, per_group, args.replica)
+    _gate = wait_at_gate(args) if args.gate else None     # kept alive: this group may serve it
     log.write(event="start", replica=args.replica, attempt=args.attempt, pid=os.getpid())
+    together, deadline = 0, time.time() + args.deadline
     try:
         while True:
-            step = manager.current_step()
-            started = time.time()
-            x, y = common.part_batch(dataset, step, args.batch_size, args.replicas, args.replica)
-            ft_optimizer.zero_grad()               # also starts this step's quorum
-            loss = workload.loss_fn(ddp, x, y)
-            loss.backward()                        # gradients averaged over the quorum's groups
-            ft_optimizer.step()                    # applied only if every group commits
-            time.sleep(max(0.0, args.step_seconds - (time.time() - started)))  # a bigger model's compute
+            begun = time.time()
+            step, loss = step_once(manager, model, ft_optimizer, dataset, args)
             done = manager.current_step()
-            log.write(event="step", replica=args.replica, attempt=args.attempt, before=step,
-                      step=done, committed=done > step, participants=manager.num_participants(),
-                      loss=loss.item(), digest=common.digest(model, optimizer))
-            if done == args.steps and done > step:     # the loss where the restart run ends
-                log.write(event="at_steps", replica=args.replica, step=done,
-                          eval_loss=common.eval_loss(model, dataset))
+            committed, everyone = done > step, manager.num_participants() == args.replicas
+            together = together + 1 if committed and everyone else 0
+            log.write(event="step", replica=args.replica, attempt=args.attempt, before=step, step=done,
+                      committed=committed, participants=manager.num_participants(), samples=per_group,
+                      used=committed and manager.is_participating(), begun=begun, loss=loss.item())
+            if args.replica == 0 and committed and done % args.eval_every == 0:
+                log.write(event="eval", step=done, eval_loss=common.eval_loss(model, dataset))
+            time.sleep(max(0.0, args.step_seconds - (time.time() - begun)))   # a bigger model's compute
             if step == 0 and done > 1:
-                print(f"replica {args.replica}: joined at step {done}, state received from a peer",
+                log.write(event="healed", replica=args.replica, step=done)
+                print(f"replica {args.replica}: back at step {done}, state received from a live peer",
                       flush=True)
-            if args.kill_at_step and args.attempt == 0 and done == args.kill_at_step:
-                log.write(event="kill", replica=args.replica, step=done)
-                print(f"replica {args.replica}: killed after step {done} (SIGKILL)", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            # stop together: enough steps, and every group back in the quorum
-            if done >= args.steps and manager.num_participants() == args.replicas or done >= 4 * args.steps:
+            if done >= args.steps and together >= args.together:
                 break
-        log.write(event="end", replica=args.replica, step=manager.current_step(),
-                  digest=common.digest(model, optimizer), eval_loss=common.eval_loss(model, dataset))
-        print(f"replica {args.replica}: stopped at step {manager.current_step()}", flush=True)
+            if time.time() > deadline:
+                raise LaunchError(f"error: replica {args.replica}: the other groups were not all back in "
+                                  f"the quorum within --deadline {args.deadline:.0f} s (step {done})")
+        log.write(event="end", replica=args.replica, step=done, digest=common.digest(model, optimizer),
+                  eval_loss=common.eval_loss(model, dataset))
+        print(f"replica {args.replica}: stopped at step {done}", flush=True)
     finally:
         manager.shutdown(wait=False)
 
 
-def wait_at_gate(args) -> None:
+def wait_at_gate(args):
     host, port = args.gate.rsplit(":", 1)
-    gate = torch.distributed.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                                      timeout=datetime.timedelta(seconds=120))
+    gate = torch.distributed.TCPStore(host, int(port), is_master=args.serve_gate, wait_for_workers=False,
+                                      timeout=datetime.timedelta(seconds=args.deadline))
     gate.set(f"ready/{args.replica}", "1")
     gate.wait([f"ready/{r}" for r in range(args.replicas)])
+    return gate
 
 
 def parser() -> Parser:
@@ -105,26 +135,38 @@ def parser() -> Parser:
     p.add_argument("--replica", type=nonnegative_int, default=0)
     p.add_argument("--replicas", type=positive_int, default=2)
     p.add_argument("--steps", type=positive_int, default=40)
+    p.add_argument("--together", type=positive_int, default=5,
+                   help="steps with every group in the quorum before stopping (after --steps)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="global batch over all replicas")
     p.add_argument("--step-seconds", type=float, default=0.05,
                    help="least seconds a step takes (stands in for a bigger model's compute)")
     p.add_argument("--kill-at-step", type=nonnegative_int, default=0)
     p.add_argument("--attempt", type=nonnegative_int, default=0)
-    p.add_argument("--timeout", type=positive_float, default=5.0, help="collective timeout, s")
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="collective and commit timeout, s")
+    p.add_argument("--quorum-timeout", type=positive_float, default=30.0, help="wait for a quorum, s")
+    p.add_argument("--deadline", type=positive_float, default=120.0,
+                   help="seconds to wait for every group to be back before failing")
+    p.add_argument("--eval-every", type=positive_int, default=8, help="replica 0 logs the eval loss")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gate", default="", help="host:port of a store where the first attempts meet")
+    p.add_argument("--serve-gate", action="store_true", help="this process serves the --gate store")
+    p.add_argument("--host", default=socket.gethostname(),
+                   help="the name other groups reach this one by (its store, its heal server)")
     p.add_argument("--log", default="", help="JSON-lines file of this replica's events")
     return p
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if args.replica >= args.replicas:
-        parser().error(f"--replica {args.replica} must be below --replicas {args.replicas}")
+        p.error(f"--replica {args.replica} must be below --replicas {args.replicas}")
     if args.batch_size % args.replicas:
-        parser().error(f"--batch-size {args.batch_size} must divide by --replicas {args.replicas}")
+        p.error(f"--batch-size {args.batch_size} must divide by --replicas {args.replicas}")
     if args.step_seconds < 0:
-        parser().error("--step-seconds must be >= 0")
+        p.error("--step-seconds must be >= 0")
+    if args.kill_at_step >= args.steps:
+        p.error(f"--kill-at-step {args.kill_at_step} must be below --steps {args.steps}")
     torch.set_num_threads(1)
     train(args)
     return 0

@@ -5,7 +5,8 @@
 The harness plays the part of the cluster: it starts torchft's lighthouse (the service every
 group asks "who is alive this step?") in this process, bound to 127.0.0.1; it starts each
 replica group (source_code/resilience/ft_replica.py); when the drill kills one, it starts that
-group again at once, as torchrun or Slurm would restart a failed node's processes; at the end
+group again once the others have committed a step without it (as a replacement node would
+come back, later than the lighthouse's heartbeat timeout); at the end
 it stops the lighthouse and every process it started, also after an error or an interrupt.
 What happened is read back from the replicas' JSON-lines logs (recovery.py measures it).
 """
@@ -24,6 +25,7 @@ from source_code.processes import in_notebook
 from source_code.resilience import common, recovery
 
 QUIET = {"RUST_LOG": "error"}      # torchft's Rust side logs every quorum at INFO
+os.environ.setdefault("RUST_LOG", "error")   # read once, when torchft's Rust module first loads
 
 
 def require_torchft() -> None:
@@ -36,16 +38,42 @@ def require_torchft() -> None:
                           "opentelemetry packages of requirements.txt, or use the workshop's environment (make venv)")
 
 
-def start_lighthouse(min_replicas: int = 1):
-    os.environ.update(QUIET)
+# The lighthouse's and the managers' timeouts, and what each one trades (reported by run()):
+HEARTBEAT_TIMEOUT_S = 2.0   # a group silent this long is dead: a dead group holds the survivors'
+#                             next quorum this long; a live one whose heartbeats (every 0.1 s, from
+#                             its manager's own thread) stall this long is dropped and must heal
+JOIN_TIMEOUT_S = 5.0        # a new quorum waits this long for groups that beat but have not asked
+QUORUM_TIMEOUT_S = 30.0     # a group waits this long for its quorum (above the heartbeat timeout)
+COLLECTIVE_TIMEOUT_S = 5.0  # an all-reduce, a commit vote or a heal that takes longer fails the step
+
+
+def start_lighthouse(min_replicas: int = 1, bind: str = "127.0.0.1:0"):
     from torchft._torchft import LighthouseServer
-    # heartbeat_timeout: how long a silent group counts as alive (a dead one stops beating, and
-    # after this the survivors' quorum no longer waits for it); join_timeout: how long a quorum
-    # waits for a group that still beats but has not asked yet. Short, on a loaded machine a
-    # slow but live group is left out, forms a quorum of its own, and the groups train apart
-    # (split brain: the bitwise check at the end catches it). So: long join, short heartbeat.
-    return LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=5000,
-                            heartbeat_timeout_ms=1000)
+    return LighthouseServer(bind=bind, min_replicas=min_replicas, join_timeout_ms=int(1e3 * JOIN_TIMEOUT_S),
+                            heartbeat_timeout_ms=int(1e3 * HEARTBEAT_TIMEOUT_S))
+
+
+def timeouts() -> dict:
+    return {"heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S, "join_timeout_s": JOIN_TIMEOUT_S,
+            "quorum_timeout_s": QUORUM_TIMEOUT_S, "collective_timeout_s": COLLECTIVE_TIMEOUT_S,
+            "heartbeat_interval_s": 0.1}
+
+
+def check(replicas: int, steps: int, kill_at: int, batch_size: int) -> None:
+    """Every flag error in one line, before any process starts."""
+    if replicas < 2:
+        raise LaunchError("error: --replicas must be >= 2: a killed group needs a live peer to heal from")
+    if batch_size % replicas:
+        raise LaunchError(f"error: --batch-size {batch_size} does not split over --replicas {replicas}: "
+                          f"pick a batch size that {replicas} divides")
+    if not 0 <= kill_at < steps:
+        raise LaunchError(f"error: --kill-at-step must be in 0..{steps - 1} (below --steps)")
+
+
+def _went_on_alone(logs: list, victim: int, replicas: int) -> bool:
+    """Has a surviving group committed a step without ``victim`` (read from its step log)?"""
+    return any(e.get("event") == "step" and e["committed"] and e["participants"] < replicas
+               for r, path in enumerate(logs) if r != victim for e in common.read_log(path))
 
 
 def _pump(proc, lines: list, stream: bool) -> None:
@@ -57,10 +85,12 @@ def _pump(proc, lines: list, stream: bool) -> None:
 
 def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
         step_seconds: float = 0.05, batch_size: int = 32, workdir=None, stream=None,
-        timeout: float = 120) -> dict:
+        timeout: float = 180) -> dict:
     """Run the drill; return the logs' events and ``recovery.ft_metrics`` of them."""
+    check(replicas, steps, kill_at, batch_size)
     stream = in_notebook() if stream is None else stream
     workdir = workdir or tempfile.mkdtemp(prefix="ft_run_")
+    os.makedirs(workdir, exist_ok=True)
     from torch.distributed import TCPStore
     gate = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse = start_lighthouse()
@@ -74,7 +104,8 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
         cmd = [sys.executable, "-m", "source_code.resilience.ft_replica",
                "--lighthouse", lighthouse.address(), "--replica", str(r), "--replicas", str(replicas),
                "--steps", str(steps), "--batch-size", str(batch_size), "--step-seconds", str(step_seconds),
-               "--attempt", str(attempt), "--log", logs[r],
+               "--attempt", str(attempt), "--log", logs[r], "--deadline", str(timeout), "--host", "127.0.0.1",
+               "--timeout", str(COLLECTIVE_TIMEOUT_S), "--quorum-timeout", str(QUORUM_TIMEOUT_S),
                "--kill-at-step", str(kill_at if r == victim else 0)]
         if attempt == 0:
             cmd += ["--gate", f"127.0.0.1:{gate.port}"]
@@ -85,14 +116,16 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
         procs[r], _ = p, threads.append(t)
         return p
 
-    deadline = time.time() + timeout
+    deadline = time.time() + timeout + 30
     restarted = {}
     try:
         for r in range(replicas):
             launch(r, 0)
         while any(p.poll() is None for p in procs.values()) or len(restarted) < (1 if kill_at else 0):
             for r, p in list(procs.items()):
-                if p.poll() == -9 and r not in restarted:      # killed by the drill: restart it
+                # killed by the drill: started again once the others went on without it (a
+                # replacement takes longer than the lighthouse's heartbeat timeout, here as on a cluster)
+                if p.poll() == -9 and r not in restarted and _went_on_alone(logs, r, replicas):
                     restarted[r] = time.time()
                     launch(r, 1)
                 elif p.poll() not in (None, 0, -9):
@@ -111,25 +144,28 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
         lighthouse.shutdown()                    # ... the lighthouse included
     events = {r: common.read_log(path) for r, path in enumerate(logs)}
     return {"events": events, "restarted_at": restarted, "victim": victim, "kill_at": kill_at,
-            **recovery.ft_metrics(events, victim)}
+            "batch_size": batch_size, "replicas": replicas, "timeouts": timeouts(),
+            **recovery.ft_metrics(events, victim, batch_size)}
 
 
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=positive_int, default=2)
     p.add_argument("--steps", type=positive_int, default=40)
-    p.add_argument("--kill-at-step", type=nonnegative_int, default=10)
+    p.add_argument("--kill-at-step", type=nonnegative_int, default=10,
+                   help="replica 1 dies in the all-reduce after this many steps (0: no kill)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="global batch, split over the groups")
     p.add_argument("--step-seconds", type=float, default=0.05)
     args = p.parse_args(argv)
-    if args.replicas < 2:
-        raise LaunchError("error: --replicas must be >= 2: a killed group needs a live peer to heal from")
-    if not 0 < args.kill_at_step < args.steps:
-        raise LaunchError(f"error: --kill-at-step must be in 1..{args.steps - 1} (below --steps)")
+    check(args.replicas, args.steps, args.kill_at_step, args.batch_size)
+    if not args.step_seconds >= 0:
+        raise LaunchError("error: --step-seconds must be >= 0")
     require_torchft()
-    res = run(args.replicas, args.steps, args.kill_at_step, step_seconds=args.step_seconds)
-    print(f"summary: ft_steps_lost={res['steps_lost']} seconds_without_progress="
-          f"{res['seconds_without_progress']:.2f} discarded_attempts={res['discarded']} "
-          f"heal_bitwise_equal={int(res['bitwise_equal'])}")
+    res = run(args.replicas, args.steps, args.kill_at_step, step_seconds=args.step_seconds,
+              batch_size=args.batch_size)
+    print(f"summary: ft_steps_lost={res['steps_lost']} ft_discarded_steps={res['discarded']} "
+          f"ft_samples_lost={res['samples_lost']} seconds_without_progress={res['seconds_without_progress']:.2f} "
+          f"heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S:.1f} heal_bitwise_equal={int(res['heal_bitwise_equal'])}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The figure of notebook 17: training progress against wall-clock time, restart vs per-step fault tolerance."""
+"""The figure of notebook 17: restart vs per-step fault tolerance, progress and loss against wall-clock time."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -10,39 +10,55 @@ def _curve(events, **where):
     return [t for t, _ in pts], [s for _, s in pts]
 
 
-def progress_figure(res: dict):
-    """Left: the torchrun job restarted from its snapshot; right: torchft's replica groups.
-    Both panels share the axes (seconds since the kill, global step)."""
-    ft_ev, rs_ev = res["ft"]["events"], res["restart"]["events"]
-    kill_t = {name: next(e["t"] for evs in ev.values() for e in evs if e.get("event") == "kill")
-              for name, ev in (("ft", ft_ev), ("restart", rs_ev))}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4), sharex=True, sharey=True)
-    for attempt, style in ((0, "-"), (1, "--")):
-        t, s = _curve(rs_ev[_key(rs_ev, 0)], attempt=attempt)
-        left.plot([x - kill_t["restart"] for x in t], s, style, color="tab:blue",
-                  label=f"rank 0, attempt {attempt}" + (" (after the restart)" if attempt else ""))
-    left.set_title(f"restart from a snapshot: {res['restart']['steps_lost']} steps lost")
-    for r, color in ((0, "tab:green"), (1, "tab:red")):
-        for attempt, style in ((0, "-"), (1, "--")):
-            t, s = _curve(ft_ev[_key(ft_ev, r)], attempt=attempt)
-            if t:
-                right.plot([x - kill_t["ft"] for x in t], s, style, marker="." if attempt else None,
-                           color=color, label=f"replica {r}, attempt {attempt}"
-                           + (" (healed from a peer)" if attempt else ""))
-    right.set_title(f"per-step fault tolerance (torchft): {res['ft']['steps_lost']} steps lost")
-    for ax in (left, right):
-        ax.axvline(0, color="black", lw=0.8, ls=":", label="the kill")
-        ax.set_xlabel("seconds since the kill")
-    left.set_ylabel("global step completed")
-    # one key under both panels (the curves fill the panels' upper left, where a key would sit)
-    keys = {}
-    for ax in (left, right):
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            keys.setdefault(label, handle)
-    fig.tight_layout(rect=(0, 0.16, 1, 1))
-    fig.legend(list(keys.values()), list(keys), loc="lower center", ncol=3, fontsize=8, frameon=False)
-    return fig
-
-
 def _key(d: dict, k: int):
     return k if k in d else str(k)      # JSON turns the integer keys into strings
+
+
+def progress_figure(res: dict):
+    """Left: the torchrun job restarted from its snapshot; middle: torchft's replica groups (both
+    against seconds since the kill, global step committed); right: the eval loss of both runs
+    against seconds since each run's start, with the time at which the losses are compared."""
+    ft, rs = res["ft"], res["restart"]
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(13, 4.4))
+    mid.sharex(left)
+    mid.sharey(left)
+    for attempt, style in ((0, "-"), (1, "--")):
+        t, s = _curve(rs["events"][_key(rs["events"], 0)], attempt=attempt)
+        left.plot([x - rs["kill_t"] for x in t], s, style, color="tab:blue",
+                  label=f"restart: attempt {attempt}" + (" (from the snapshot)" if attempt else ""))
+    left.set_title(f"restart from a snapshot: {rs['steps_lost']} steps lost", fontsize=10)
+    # the survivor wide and pale underneath, the victim thin on top: both stay visible
+    t, s = _curve(ft["events"][_key(ft["events"], 0)])
+    mid.plot([x - ft["kill_t"] for x in t], s, "-", color="tab:green", lw=4, alpha=0.45,
+             label="torchft: replica 0 (survives)")
+    for attempt, style in ((0, "-"), (1, "--")):
+        t, s = _curve(ft["events"][_key(ft["events"], 1)], attempt=attempt)
+        if t:
+            mid.plot([x - ft["kill_t"] for x in t], s, style, color="tab:red", lw=1.2,
+                     marker="." if attempt else None, ms=4,
+                     label=f"torchft: replica 1, attempt {attempt}" + (" (healed)" if attempt else ""))
+    if ft["heal_step"]:
+        heal_t = next(e["t"] for evs in ft["events"].values() for e in evs if e.get("event") == "healed")
+        mid.annotate(f"heal: state of step {ft['heal_step'] - 1}\nfrom replica 0, no file",
+                     xy=(heal_t - ft["kill_t"], ft["heal_step"]), xytext=(0.35, 0.25),
+                     textcoords="axes fraction", fontsize=8, arrowprops={"arrowstyle": "->", "lw": 0.8})
+    mid.set_title(f"torchft: {ft['steps_lost']} steps lost, {ft['discarded']} discarded", fontsize=10)
+    for ax in (left, mid):
+        ax.axvline(0, color="black", lw=0.8, ls=":", label="the kill")
+        ax.set_xlabel("seconds since the kill")
+    left.set_ylabel("global step committed")
+    for run, name, color in ((rs, "restart", "tab:blue"), (ft, "torchft", "tab:green")):
+        ev = run["evals"]
+        right.plot([e["seconds"] for e in ev], [e["eval_loss"] for e in ev], ".-", color=color, ms=3,
+                   drawstyle="steps-post", label=f"{name}: eval loss")    # the model the job has
+    right.axvline(res["equal_seconds"], color="grey", lw=0.8, ls="--", label="equal time")
+    right.set_xlabel("seconds since the run's start")
+    right.set_ylabel("eval loss (256 fixed samples)")
+    right.set_title("loss against wall-clock time", fontsize=10)
+    keys = {}
+    for ax in (left, mid, right):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            keys.setdefault(label, handle)
+    fig.tight_layout(rect=(0, 0.15, 1, 1))
+    fig.legend(list(keys.values()), list(keys), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    return fig

@@ -1,11 +1,18 @@
-"""Measuring a recovery from the runs' step logs: steps lost, seconds without progress, the heal.
+"""Measuring a recovery from the runs' step logs: steps and samples lost, time without progress, goodput.
 
-The same two numbers for both ways of surviving a failure, read from the events the runs log
-(``common.StepLog``: wall-clock time of every finished step, the kill, the snapshot reads):
-* steps lost: the last step finished before the kill minus the step the job goes on from
-  (a restart goes on from its snapshot; per-step fault tolerance from where the survivors are);
-* seconds without progress: from the kill to the first step beyond the killed step's
-  predecessor that the job completes (the first new step).
+The same numbers for both ways of surviving a failure, counted from the events the runs log
+(``common.StepLog``: every step with its wall-clock time, samples and whether its update was
+applied; the kill; the resume; the evaluations), never set by the code that is measured:
+* steps lost: the steps the job had committed when the kill landed minus the step it goes on
+  from (a restart goes on from its snapshot; per-step fault tolerance from wherever the
+  survivors' first step after the kill starts: 0 unless they rolled back);
+* seconds without progress: from the kill to the first step the job commits after it;
+* samples: ``trained`` (in an update the final model descends from), ``thrown_away`` (computed
+  for nothing: steps rolled back, the step in flight, a discarded step, a healing group's zero
+  contribution), ``skipped`` (in a committed step's global batch but trained by no group: the
+  slice of a group that was down); lost = thrown away + skipped;
+* goodput: trained samples per second of the run's wall time (first step to last);
+* the eval loss curve against time since the run's start, for losses at equal steps and time.
 """
 from __future__ import annotations
 
@@ -21,50 +28,128 @@ def _kill(events_by_rank: dict) -> dict:
     return kills[0]
 
 
-def ft_metrics(events: dict, victim: int) -> dict:
-    """``events``: replica -> its log. The survivors keep the job going; the victim heals."""
+def _evals(events_by_rank: dict, t0: float) -> list:
+    out = sorted((e["t"] - t0, e["step"], e["eval_loss"]) for evs in events_by_rank.values()
+                 for e in evs if e.get("event") == "eval")
+    return [{"seconds": s, "step": st, "eval_loss": loss} for s, st, loss in out]
+
+
+def loss_at_seconds(evals: list, seconds: float) -> dict:
+    """The last evaluation at or before ``seconds`` since the run's start."""
+    before = [e for e in evals if e["seconds"] <= seconds]
+    return before[-1] if before else {"seconds": 0.0, "step": 0, "eval_loss": float("nan")}
+
+
+def loss_at_step(evals: list, step: int) -> dict:
+    """The last evaluation at or before global step ``step`` (the latest one logged there)."""
+    before = [e for e in evals if e["step"] <= step]
+    return max(before, key=lambda e: (e["step"], e["seconds"])) if before else \
+        {"seconds": 0.0, "step": 0, "eval_loss": float("nan")}
+
+
+def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
+    """``events``: replica group -> its log. The survivors keep the job going; the victim heals."""
     kill = _kill(events)
     survivors = [r for r in events if r != victim]
-    after = [e for r in survivors for e in _steps(events[r], committed=True) if e["step"] > kill["step"]]
+    mine = [e for r in survivors for e in _steps(events[r])]
+    done_at_kill = max((e["step"] for e in mine if e["committed"] and e["t"] <= kill["t"]), default=0)
+    after = sorted((e for e in mine if e["committed"] and e["t"] > kill["t"]), key=lambda e: e["t"])
     if not after:
         raise ValueError("no surviving replica committed a step after the kill")
-    first = min(after, key=lambda e: e["t"])
-    back = [e for e in _steps(events[victim], attempt=1)]
-    healed = back[0] if back else None
+    every = [e for evs in events.values() for e in _steps(evs)]
+    t0 = min(e["begun"] for e in every)
+    trained, committed_steps = {}, {e["step"] for e in every if e["committed"]}
+    for e in every:
+        if e["used"]:
+            trained[e["step"]] = trained.get(e["step"], 0) + e["samples"]
+    computed = sum(e["samples"] for e in every) + kill["samples"]
+    n_trained = sum(trained.values())
+    healed = [e for evs in events.values() for e in evs if e.get("event") == "healed"]
     ends = [e for evs in events.values() for e in evs if e.get("event") == "end"]
-    digests = {e["digest"] for e in ends}
-    # the discarded attempts: steps a survivor computed but did not commit (the peer vanished mid-step)
-    discarded = sum(1 for r in survivors for e in _steps(events[r], committed=False))
-    return {"kill_step": kill["step"], "steps_lost": kill["step"] - first["before"],
-            "seconds_without_progress": first["t"] - kill["t"], "discarded": discarded,
-            "heal_step": healed["step"] if healed else None,
-            "healed_from_peer": bool(healed and healed["before"] == 0 and healed["step"] > 1),
-            "bitwise_equal": len(ends) == len(events) and len(digests) == 1,
+    bitwise = len(ends) == len(events) and len({(e["digest"], e["step"]) for e in ends}) == 1
+    last = max(e["t"] for e in every if e["committed"])
+    return {"kill_step": kill["step"], "kill_t": kill["t"], "start_t": t0,
+            "steps_lost": done_at_kill - after[0]["before"],
+            "seconds_without_progress": after[0]["t"] - kill["t"],
+            "discarded": sum(1 for e in mine if not e["committed"] and e["t"] > kill["t"]),
+            "heal_step": healed[0]["step"] if healed else None,
+            "healed_from_peer": bool(healed), "bitwise_equal": bitwise,
+            "heal_bitwise_equal": bool(healed) and bitwise,
+            "survivor_steps_while_down": sum(1 for e in after if e["participants"] < len(events)),
+            "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
+            "samples_skipped": sum(batch_size - trained.get(s, 0) for s in committed_steps),
+            "samples_lost": computed - n_trained + sum(batch_size - trained.get(s, 0) for s in committed_steps),
+            "seconds": last - t0, "goodput": n_trained / (last - t0),
             "final_step": max(e["step"] for e in ends) if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
-            "loss_at_steps": next((e["eval_loss"] for r in survivors for e in events[r]
-                                   if e.get("event") == "at_steps"), float("nan")),
-            "survivor_steps_while_down": sum(1 for r in survivors for e in _steps(events[r], committed=True)
-                                             if healed and kill["t"] < e["t"] < healed["t"])}
+            "evals": _evals(events, t0)}
 
 
-def restart_metrics(events: dict) -> dict:
-    """``events``: rank -> its log of a torchrun job restarted from its snapshot after the kill."""
+def restart_metrics(events: dict, batch_size: int) -> dict:
+    """``events``: rank -> its log of a torchrun job killed once and started again from its snapshot."""
     kill = _kill(events)
     resumed = [e for evs in events.values() for e in evs if e.get("event") == "resume"]
     start = resumed[0]["step"] if resumed else 0
-    again = sorted(_steps(events[0], attempt=1), key=lambda e: e["t"])
+    every = [e for evs in events.values() for e in _steps(evs)]
+    again = sorted((e for e in every if e["attempt"] == 1), key=lambda e: e["t"])
     if not again:
         raise ValueError("the restarted job logged no step")
+    # the final model descends from attempt 0 up to the snapshot, then from attempt 1
+    lineage = [e for e in every if (e["attempt"] == 0 and e["step"] <= start) or e["attempt"] == 1]
+    trained = {}
+    for e in lineage:
+        trained[e["step"]] = trained.get(e["step"], 0) + e["samples"]
+    computed = sum(e["samples"] for e in every) + kill["samples"]
+    n_trained = sum(trained.values())
+    skipped = sum(batch_size - n for n in trained.values())
     caught_up = next((e for e in again if e["step"] >= kill["step"]), again[-1])
     snaps = [e["seconds"] for evs in events.values() for e in evs if e.get("event") == "snapshot"]
-    steps0 = sorted(_steps(events[0], attempt=0), key=lambda e: e["t"])
+    steps0 = sorted((e for e in _steps(events[0], attempt=0)), key=lambda e: e["t"])
     gaps = [b["t"] - a["t"] for a, b in zip(steps0, steps0[1:])]
-    ends = [e for e in events[0] if e.get("event") == "end"]
-    return {"kill_step": kill["step"], "resumed_from": start, "steps_lost": kill["step"] - start,
+    ends = [e for evs in events.values() for e in evs if e.get("event") == "end"]
+    t0, last = min(e["begun"] for e in every), max(e["t"] for e in again)
+    return {"kill_step": kill["step"], "kill_t": kill["t"], "start_t": t0, "resumed_from": start,
+            "steps_lost": kill["step"] - start,
             "seconds_without_progress": again[0]["t"] - kill["t"],
             "seconds_to_catch_up": caught_up["t"] - kill["t"],
             "snapshot_seconds": sorted(snaps)[len(snaps) // 2] if snaps else float("nan"),
             "step_seconds": sorted(gaps)[len(gaps) // 2] if gaps else float("nan"),
+            "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
+            "samples_skipped": skipped, "samples_lost": computed - n_trained + skipped,
+            "seconds": last - t0, "goodput": n_trained / (last - t0),
             "final_step": ends[0]["step"] if ends else None,
-            "final_loss": ends[0]["eval_loss"] if ends else float("nan")}
+            "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
+            "evals": _evals(events, t0)}
+
+
+def main(argv=None) -> int:
+    """``python -m source_code.resilience.recovery LOG_DIR --victim 1 --batch-size 32``: the
+    torchft run's figures from its replicas' logs (replica_<r>.jsonl); exit status 0 only when
+    the survivors lost no step, threw away the step the kill landed in, and the killed group
+    came back bitwise equal to its peers."""
+    import argparse
+    import glob
+    import os
+    import re
+    from source_code.resilience.common import read_log
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("log_dir")
+    p.add_argument("--victim", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    a = p.parse_args(argv)
+    paths = glob.glob(os.path.join(a.log_dir, "replica_*.jsonl"))
+    events = {int(re.search(r"replica_(\d+)", path).group(1)): read_log(path) for path in paths}
+    try:
+        m = ft_metrics(events, a.victim, a.batch_size)
+    except (ValueError, KeyError) as err:
+        print(f"error: the logs in {a.log_dir} do not show a kill and a recovery: {err}")
+        return 1
+    ok = m["steps_lost"] == 0 and m["discarded"] >= 1 and m["heal_bitwise_equal"]
+    print(f"summary: groups={len(events)} ft_steps_lost={m['steps_lost']} ft_discarded_steps={m['discarded']} "
+          f"ft_samples_lost={m['samples_lost']} seconds_without_progress={m['seconds_without_progress']:.2f} "
+          f"heal_step={m['heal_step']} heal_bitwise_equal={int(m['heal_bitwise_equal'])} final_step={m['final_step']}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,11 +4,13 @@
         --steps 40 --snapshot-every 8 --kill-at-step 10 --checkpoint /tmp/restart/snap.pt --log-dir /tmp/restart
 
 The same model, data and batches as the per-step fault-tolerant run (common.py), in plain DDP:
-a snapshot every K steps (checkpoint.save_snapshot, notebook 07), rank 1 SIGKILLs itself after
-step N on the first attempt (launch/faults.arm_crash), torchrun stops the other rank and starts
-both again (--max-restarts, as above; compare.py instead starts a new job, as a Slurm requeue
-would, with --attempt 1 --kill-at-step 0); they read the snapshot and redo the steps since it. Every rank logs each finished
-step, the snapshot's cost and the resume with the wall-clock time (recovery.py reads them).
+a snapshot every K steps (checkpoint.save_snapshot, notebook 07); on the first attempt rank 1
+SIGKILLs itself inside its gradient all-reduce once N steps are done (resilience/faults.py), so
+the step in flight is lost as well; torchrun stops the other rank and starts both again
+(--max-restarts, as above; compare.py instead starts a new job, as a Slurm requeue would, with
+--attempt 1 --kill-at-step 0); they read the snapshot and redo the steps since it. Every rank
+logs each finished step, the snapshot's cost and the resume with the wall-clock time, rank 0
+the eval loss every few steps (recovery.py reads them).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from source_code.cli import Parser, nonnegative_int, positive_int, writable_path
 from source_code.distributed import print0, run_main, session
 from source_code.launch import faults
 from source_code.resilience import common
+from source_code.resilience import faults as resilience_faults
 
 LAUNCH = ("torchrun --standalone --nproc-per-node=2 --max-restarts=1 "
           "-m source_code.resilience.restart_train")
@@ -39,28 +42,28 @@ def train(me, args) -> None:
         start = checkpoint.load_snapshot(args.checkpoint, model, optimizer)["extra"]["step"]
         log.write(event="resume", attempt=attempt, step=start, seconds=time.time() - t0)
         print0(f"attempt {attempt}: resumed from the snapshot of step {start}")
-    finished = [start]
-    victim = faults.first_attempt() and me.rank == min(1, me.world_size - 1)
-
-    def log_step(opt, *_):               # registered before the drill's hook: logged, then killed
-        finished[0] += 1
-        log.write(event="step", attempt=attempt, step=finished[0])
-        if victim and finished[0] == args.kill_at_step:
-            log.write(event="kill", step=finished[0])
-    optimizer.register_step_post_hook(log_step)
-    faults.arm_crash(optimizer, args.kill_at_step, me.rank, me.world_size, start)
     ddp = DDP(model)
+    finished = [start]
+    victim = args.kill_at_step and faults.first_attempt() and me.rank == min(1, me.world_size - 1)
+    # the whole global batch of the step in flight is computed for nothing
+    resilience_faults.die_in_ddp_allreduce(ddp, lambda: finished[0], args.kill_at_step if victim else None,
+                                           log, samples=args.batch_size, rank=me.rank)
+    per_rank = args.batch_size // me.world_size
     for step in range(start, args.steps):
         begun = time.time()
         x, y = common.part_batch(dataset, step, args.batch_size, me.world_size, me.rank)
         optimizer.zero_grad()
         workload.loss_fn(ddp, x, y).backward()
-        time.sleep(max(0.0, args.step_seconds - (time.time() - begun)))  # a bigger model's compute
         optimizer.step()
-        if args.snapshot_every and (step + 1) % args.snapshot_every == 0:
+        finished[0] = step + 1
+        log.write(event="step", attempt=attempt, step=finished[0], begun=begun, samples=per_rank)
+        if me.rank == 0 and finished[0] % args.eval_every == 0:
+            log.write(event="eval", step=finished[0], eval_loss=common.eval_loss(model, dataset))
+        time.sleep(max(0.0, args.step_seconds - (time.time() - begun)))  # a bigger model's compute
+        if args.snapshot_every and finished[0] % args.snapshot_every == 0:
             t0 = time.time()
-            checkpoint.save_snapshot(args.checkpoint, model, optimizer, epoch=0, extra={"step": step + 1})
-            log.write(event="snapshot", step=step + 1, seconds=time.time() - t0)
+            checkpoint.save_snapshot(args.checkpoint, model, optimizer, epoch=0, extra={"step": finished[0]})
+            log.write(event="snapshot", step=finished[0], seconds=time.time() - t0)
     if me.rank == 0:
         log.write(event="end", step=args.steps, digest=common.digest(model, optimizer),
                   eval_loss=common.eval_loss(model, dataset))
@@ -76,6 +79,7 @@ def main(argv=None):
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--checkpoint", type=writable_path, default="restart_snapshot.pt")
     p.add_argument("--log-dir", default="")
+    p.add_argument("--eval-every", type=positive_int, default=8, help="rank 0 logs the eval loss")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attempt", type=nonnegative_int, default=None,
                    help="the attempt number to log (default: torchrun's restart count)")

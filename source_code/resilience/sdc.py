@@ -1,16 +1,21 @@
-"""Silent data corruption: compare a checksum of the replicated state across ranks, name the odd one.
+"""Silent data corruption of one replica's state: compare a checksum across ranks, name the odd one.
 
-    python -m source_code.resilience.sdc_drill --world-size 3 --flip-rank 1 --at-step 5
+    python -m source_code.resilience.sdc_drill --world-size 3 --fault state-once --rank 1 --at-step 5
 
 In data parallelism every rank holds the same parameters after every step, bit for bit. A bit
-flipped in one rank's memory (a cosmic ray, a failing HBM cell, a bad ALU) raises no error: the
-loss barely moves and training goes on, mixing the bad rank's gradients into everyone's. So:
+flipped in one rank's memory (a cosmic ray, a failing HBM cell) raises no error: the loss
+barely moves and training goes on, mixing the bad rank's gradients into everyone's. So:
 * ``checksum(model)``: one 64-bit integer per rank from the bytes of its parameters;
 * ``odd_ranks(model)``: all-gather the checksums; the value most ranks hold is the good one
   (three or more ranks: a majority exists), the others are named;
-* ``replay_verdict``: restore the last state all ranks agreed on, compute the step again, check
-  again: a fault that does not come back was transient (hardware suspected: drain the node); one
-  that comes back on the same rank is deterministic (software, or a unit that fails every time).
+* ``state_verdict``: every rank restores the last state all agreed on (a copy kept every step:
+  part of the check's cost) and computes the step again; if the same rank differs again, the
+  fault repeats on that device while the others, computing the same update from the same
+  state, agree: that device is at fault (persistent); if not, it was transient.
+
+What this cannot see: corruption in the computation itself (a wrong forward or backward on
+one rank) goes through the gradient all-reduce into *every* replica, and the checksums still
+agree. rerun.py finds that kind.
 """
 from __future__ import annotations
 
@@ -56,9 +61,15 @@ def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> None:
     words[index] ^= (1 << bit) if bit < 31 else -(1 << 31)
 
 
-def replay_verdict(model, optimizer, good_state, step_fn, group=None) -> str:
-    """Restore the agreed state, compute the step again and check: 'transient' or 'repeats'."""
-    model.load_state_dict(good_state["model"])
-    optimizer.load_state_dict(good_state["optim"])
-    step_fn(replay=True)
-    return "repeats" if odd_ranks(model, group) else "transient"
+def state_verdict(odd: list[int], odd_again: list[int]) -> str:
+    """What a replay of the step from the agreed state says about the ranks first named ``odd``."""
+    if not odd_again:
+        return "transient"                  # not reproduced: a one-off fault (drain if it recurs)
+    if odd_again == odd:
+        return "persistent"                 # the same device again, the others agree: that device
+    return "inconsistent"                   # another rank this time: look at both
+
+
+def restore(model, optimizer, state: dict) -> None:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optim"])

@@ -1,12 +1,20 @@
-"""The bit-flip drill: data-parallel training, a checksum check after every step, a replay on a hit.
+"""The corruption drill: data-parallel training, two checks after every step, a replay on a hit.
 
-    python -m source_code.resilience.sdc_drill --world-size 3 --flip-rank 1 --at-step 5 --fault flip
+    python -m source_code.resilience.sdc_drill --world-size 3 --fault state-once --rank 1 --at-step 5
 
-Every rank trains the same model on its slice of the batch (gradients averaged, so the
-replicas stay bitwise equal); after step ``--at-step`` one bit of one parameter on
-``--flip-rank`` is flipped (``--fault flip``: once, as a particle strike would; ``--fault
-repeat``: every time that step is computed, as a wrong kernel would). The check after each step
-names the rank; the replay tells the two apart. The check's cost is timed per step.
+Every rank trains the same model on its slice of the batch (gradients averaged, so the replicas
+stay bitwise equal). Faults (``--fault``, or several in one run from Python):
+* ``state-once`` / ``state-repeat``: after the step, one low mantissa bit of one parameter of
+  ``--rank`` flips (once, as a particle strike would; or every time that rank computes the step,
+  as a failing memory cell would);
+* ``compute-once`` / ``compute-repeat``: a high exponent bit of one gradient element flips on
+  ``--rank`` before the all-reduce (once; or every time that device computes the step);
+* ``compute-data``: the same, whichever device computes that rank's slice (the data, or a bug
+  in the code, not a device).
+After every step: the checksum check (sdc.py) and each rank's gradient norm check (rerun.py);
+a hit is replayed from the state copy kept before the step and attributed; then the step is
+computed again without the fault (as on a drained device) and training goes on. The cost of
+both checks and of the state copy is timed per step.
 """
 from __future__ import annotations
 
@@ -19,95 +27,132 @@ import torch.distributed as dist
 from source_code import processes, workload
 from source_code.cli import Parser, nonnegative_int, positive_int
 from source_code.errors import LaunchError, run_main
-from source_code.resilience import common, sdc
+from source_code.resilience import common, rerun, sdc
 
-BIT = 3   # a low mantissa bit: the value moves by ~1e-7 of itself, the loss does not notice
+KINDS = ("state-once", "state-repeat", "compute-once", "compute-repeat", "compute-data")
+STATE_BIT = 3      # a low mantissa bit: the value moves by ~1e-7 of itself, the loss does not notice
+GRAD_BIT = 30      # the exponent's top bit: a gradient element below 1 grows by 2^128
+
+
+def _corrupt_gradient(model) -> None:
+    g = next(model.parameters()).grad.view(-1)
+    index = int(((g.abs() > 0) & (g.abs() < 1)).nonzero()[0])     # stays finite once flipped
+    sdc.flip_bit(g, index, GRAD_BIT)
 
 
 def _rank_drill(steps: int, faults: list, batch_size: int = 24) -> dict:
-    """``faults``: (rank, step, kind) each. Every finding is replayed, then the step is computed
-    again without its fault (the suspect unit drained), so that the next fault starts clean."""
+    """``faults``: (kind, rank, step) each; rank 0's findings and timings come back."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = common.task()
     model, optimizer = common.build(0)
-    good = {"model": copy.deepcopy(model.state_dict()), "optim": copy.deepcopy(optimizer.state_dict())}
-    found, check_s, step_s = [], [], []
+    fired = set()
 
-    def one_step(step: int, replay: bool = False, inject: bool = True) -> float:
-        x, y = common.part_batch(dataset, step, batch_size, world, rank)
+    def compute(step: int, shift: int = 0, apply: bool = False, clean: bool = False) -> float:
+        """Forward and backward of the slice of rank (rank - shift) % world; its local gradient
+        norm; with ``apply`` the all-reduce and the optimizer step as well."""
+        part = (rank - shift) % world
+        x, y = common.part_batch(dataset, step, batch_size, world, part)
         optimizer.zero_grad()
-        loss = workload.loss_fn(model, x, y)
-        loss.backward()
-        for p in model.parameters():                       # data parallelism, written out
-            dist.all_reduce(p.grad)
-            p.grad /= world
-        optimizer.step()
-        for f_rank, f_step, kind in faults:
-            if inject and step == f_step and rank == f_rank and (kind == "repeat" or not replay):
-                sdc.flip_bit(next(model.parameters()), index=7, bit=BIT)     # the silent fault
-        return loss.item()
+        workload.loss_fn(model, x, y).backward()
+        for kind, f_rank, f_step in faults:
+            first = (kind, step) not in fired
+            hit = {"compute-once": rank == f_rank and first, "compute-repeat": rank == f_rank,
+                   "compute-data": part == f_rank}.get(kind, False)
+            if step == f_step and hit and not clean:
+                _corrupt_gradient(model)
+                fired.add((kind, step))
+        norm = rerun.local_grad_norm(model)
+        if apply:
+            for p in model.parameters():                   # data parallelism, written out
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            optimizer.step()
+            for kind, f_rank, f_step in faults:
+                first = (kind, step) not in fired
+                if step == f_step and rank == f_rank and not clean and \
+                        (kind == "state-repeat" or kind == "state-once" and first):
+                    sdc.flip_bit(next(model.parameters()), index=7, bit=STATE_BIT)     # the silent fault
+                    fired.add((kind, step))
+        return norm
 
+    seen = [[] for _ in range(world)]
+    found, cost = [], {"step": [], "copy": [], "checksum": [], "norm": []}
     for step in range(steps):
         t0 = time.perf_counter()
-        one_step(step)
+        before = {"model": copy.deepcopy(model.state_dict()), "optim": copy.deepcopy(optimizer.state_dict())}
         t1 = time.perf_counter()
-        odd = sdc.odd_ranks(model)                           # the check, after every step
+        mine = compute(step, apply=True)
         t2 = time.perf_counter()
-        step_s.append(t1 - t0)
-        check_s.append(t2 - t1)
+        norms = common.gather_floats(mine)                           # the gradient check: world x 8 bytes
+        flagged = [r for r in range(world) if rerun.is_unexpectedly_large(norms[r], seen[r])]
+        t3 = time.perf_counter()
+        odd = sdc.odd_ranks(model)                           # the checksum check: world x 8 bytes
+        t4 = time.perf_counter()
+        for key, dt in (("copy", t1 - t0), ("step", t2 - t1), ("norm", t3 - t2), ("checksum", t4 - t3)):
+            cost[key].append(dt)
+
+        def replay(shift: int, apply: bool = False, clean: bool = False) -> float:
+            sdc.restore(model, optimizer, before)
+            return compute(step, shift, apply, clean)
         if odd:
-            verdict = sdc.replay_verdict(model, optimizer, good, lambda replay: one_step(step, replay))
-            found.append({"rank": odd[0], "step": step, "verdict": verdict})
-            if verdict == "repeats":                         # go on without the faulty unit
-                model.load_state_dict(good["model"])
-                optimizer.load_state_dict(good["optim"])
-                one_step(step, replay=True, inject=False)
-        good = {"model": copy.deepcopy(model.state_dict()), "optim": copy.deepcopy(optimizer.state_dict())}
-    mid = lambda v: sorted(v)[len(v) // 2]
-    return {"found": found, "check_seconds": mid(check_s), "step_seconds": mid(step_s),
-            "checksum": sdc.checksum(model)}
+            replay(0, apply=True)
+            verdict = sdc.state_verdict(odd, sdc.odd_ranks(model))
+            found.append({"check": "checksum", "rank": odd[0], "step": step, "verdict": verdict,
+                          "checksum_named": odd, "norm_flagged": flagged})
+            if verdict != "transient":                       # computed again without the faulty unit
+                replay(0, apply=True, clean=True)
+        elif flagged:
+            verdict = rerun.attribute(replay, norms, flagged[0])
+            found.append({"check": "gradient", "rank": flagged[0], "step": step, "verdict": verdict,
+                          "checksum_named": odd, "norm_flagged": flagged})
+            replay(0, apply=True, clean=True)              # again without the fault (device drained)
+        if not flagged:
+            for r in range(world):
+                seen[r].append(norms[r])
+    mid = {k: sorted(v)[len(v) // 2] for k, v in cost.items()}
+    return {"found": found, "cost": mid, "checksum": sdc.checksum(model)}
 
 
-def drill(flip_rank: int = 1, at_step: int = 5, steps: int = 8, world_size: int = 3,
-          fault: str = "flip", more: tuple = (), stream=None) -> dict:
-    """Run the drill on ``world_size`` CPU processes; what rank 0 found, with the check's cost.
-
-    ``more``: further (rank, step, kind) faults in the same run; ``faults`` lists every fault
-    with what was found for it, the top-level fields are the first fault's."""
+def drill(faults=(("state-once", 1, 5),), steps: int = 8, world_size: int = 3, stream=None) -> dict:
+    """Run the drill on ``world_size`` CPU processes; for each fault what was found at its step."""
+    faults = [tuple(f) for f in faults]
     if world_size < 3:
         raise ValueError("naming the corrupted rank needs a majority: world_size >= 3")
-    faults = [(flip_rank, at_step, fault), *more]
-    if any(not 0 <= r < world_size or not 0 <= s < steps or k not in ("flip", "repeat") for r, s, k in faults) \
-            or len({s for _, s, _ in faults}) < len(faults):
-        raise ValueError("each fault: a rank, a step below steps (one fault a step), kind 'flip' or 'repeat'")
+    if any(k not in KINDS or not 0 <= r < world_size or not 0 <= s < steps for k, r, s in faults) \
+            or len({s for _, _, s in faults}) < len(faults):
+        raise ValueError(f"each fault: a kind of {KINDS}, a rank, a step below steps (one fault a step)")
     out = processes.spawn(_rank_drill, world_size, steps, faults, device="cpu", stream=stream)
     res = out[0]
     reports = []
-    for r, s, kind in faults:
-        hit = next((f for f in res["found"] if f["step"] == s), {"rank": -1, "step": -1, "verdict": "none"})
-        reports.append({"detected_rank": hit["rank"], "detected_step": hit["step"], "verdict": hit["verdict"],
-                        "flip_rank": r, "flip_step": s, "fault": kind, "check_seconds": res["check_seconds"],
-                        "step_seconds": res["step_seconds"]})
-    return {**reports[0], "faults": reports, "findings": len(res["found"]),
+    for kind, r, s in faults:
+        hit = next((f for f in res["found"] if f["step"] == s), None) or \
+            {"check": "none", "rank": -1, "step": -1, "verdict": "none", "checksum_named": [], "norm_flagged": []}
+        reports.append({"fault": kind, "flip_rank": r, "flip_step": s, "detected_rank": hit["rank"],
+                        "detected_step": hit["step"], "verdict": hit["verdict"], "check": hit["check"],
+                        "checksum_named": hit["checksum_named"], "norm_flagged": hit["norm_flagged"]})
+    return {"faults": reports, "findings": len(res["found"]), "cost": res["cost"],
             "agree_at_end": len({r["checksum"] for r in out}) == 1}
 
 
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--world-size", type=positive_int, default=3)
-    p.add_argument("--flip-rank", type=nonnegative_int, default=1)
+    p.add_argument("--fault", choices=KINDS, default="state-once")
+    p.add_argument("--rank", type=nonnegative_int, default=1, help="the rank (or slice) the fault strikes")
     p.add_argument("--at-step", type=nonnegative_int, default=5)
     p.add_argument("--steps", type=positive_int, default=8)
-    p.add_argument("--fault", choices=("flip", "repeat"), default="flip")
     a = p.parse_args(argv)
     if a.world_size < 3:
         raise LaunchError("error: --world-size must be >= 3: naming the odd rank needs a majority")
-    if a.flip_rank >= a.world_size or a.at_step >= a.steps:
-        raise LaunchError("error: --flip-rank must be below --world-size and --at-step below --steps")
-    r = drill(a.flip_rank, a.at_step, a.steps, a.world_size, a.fault)
-    print(f"summary: flipped rank={r['flip_rank']} step={r['flip_step']} sdc_detected_rank="
-          f"{r['detected_rank']} detected_step={r['detected_step']} replay={r['verdict']} "
-          f"check_ms={1e3 * r['check_seconds']:.2f} step_ms={1e3 * r['step_seconds']:.2f}")
+    if a.rank >= a.world_size or a.at_step >= a.steps:
+        raise LaunchError("error: --rank must be below --world-size and --at-step below --steps")
+    r = drill([(a.fault, a.rank, a.at_step)], a.steps, a.world_size)
+    f, c = r["faults"][0], r["cost"]
+    print(f"summary: fault={f['fault']} rank={f['flip_rank']} step={f['flip_step']} found_by={f['check']} "
+          f"detected_rank={f['detected_rank']} detected_step={f['detected_step']} verdict={f['verdict']} "
+          f"checksum_named={f['checksum_named']} agree_at_end={int(r['agree_at_end'])} "
+          f"step_ms={1e3 * c['step']:.2f} copy_ms={1e3 * c['copy']:.2f} checksum_ms={1e3 * c['checksum']:.2f} "
+          f"norm_ms={1e3 * c['norm']:.2f}")
     return 0
 
 

@@ -6,7 +6,9 @@ In synchronous data parallelism a slow rank slows every rank: the others wait fo
 the gradient all-reduce, so their *total* step time is the slow one's too and says nothing.
 What names it is the time each rank spends *before* the collective (data, forward, backward):
 * ``StepTimes``: each rank records its compute seconds per step (start of step to the moment
-  it enters the all-reduce);
+  it enters the all-reduce), measured on the device's own clock: CUDA events on a GPU, the CPU
+  time of the rank's thread here (wall time would also count the other processes that share
+  the machine's cores);
 * ``gather_medians``: every K steps an all-gather of each rank's median over the last K steps
   (world_size floats: cheap enough to run always);
 * ``name_stragglers``: ranks slower than ``factor`` x the median rank.
@@ -15,8 +17,7 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-import torch.distributed as dist
+from source_code.resilience.common import gather_floats
 
 
 class StepTimes:
@@ -33,10 +34,8 @@ class StepTimes:
 
 
 def gather_medians(times: StepTimes, group=None) -> list[float]:
-    mine = torch.tensor([times.median_and_clear()], dtype=torch.float64)   # (1,)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(every, mine, group=group)
-    return [t.item() for t in every]
+    """Every rank's median compute time over its last steps (an all-gather of world_size floats)."""
+    return gather_floats(times.median_and_clear(), group)
 
 
 def name_stragglers(medians: list[float], factor: float = 1.5) -> list[int]:

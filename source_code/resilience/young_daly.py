@@ -1,19 +1,25 @@
-"""How often to snapshot: Young's and Daly's interval from the snapshot cost and the failure rate.
+"""How often to snapshot: one model of the time wasted, its best interval, and Young's and Daly's formulas.
 
     python -m source_code.resilience.young_daly --snapshot-seconds 30 --failures-per-day 2
 
-Snapshot every tau seconds at cost C each; failures arrive at random, one every M seconds on
-average (M = MTBF of the whole job: a node's MTBF divided by the number of nodes). Time wasted
-per second of work, to first order: C/tau (writing snapshots) + tau/(2M) (on average half an
-interval of work is redone after a failure). Its minimum:
-    Young (1974):  tau = sqrt(2 C M)
-    Daly (2006):   tau = sqrt(2 C M) - C        (for C < 2M; with the restart included, and
-                                                 tau = M when C >= 2M)
-and the expected fraction of time wasted at tau: C/tau + tau/(2M) (first order).
+The model: the job computes for ``tau`` seconds, then writes a snapshot for ``C`` seconds, and
+again; failures arrive at random (a Poisson process), one every ``M`` seconds on average (the
+job's MTBF: a node's MTBF divided by the number of nodes); a failure throws away everything
+since the last completed snapshot (the restart itself is left out). A period of ``P = tau + C``
+seconds completes with probability exp(-P/M), so the expected wall time per completed period is
+M (exp(P/M) - 1), and the fraction of time wasted is
+    waste(tau) = 1 - tau / (M (exp((tau + C) / M) - 1))
+(``waste_fraction``; ``simulate`` checks it with drawn failures). Its minimum (``best_interval``)
+solves exp((tau + C)/M) (1 - tau/M) = 1. Expanded to first order in P/M the waste is
+C/(tau + C) + tau/(2M), minimised by first-order Daly (2006): tau = sqrt(2 C M) - C; dropping C
+against tau as well gives C/tau + tau/(2M) and Young (1974): tau = sqrt(2 C M). Both are close
+to the model's minimum when C << M and drift away from it as C approaches M (the model still has
+a best interval there; the first-order formulas do not: sqrt(2 C M) - C < 0 for C > 2M).
 """
 from __future__ import annotations
 
 import math
+import random
 
 from source_code.cli import Parser, positive_float
 from source_code.errors import LaunchError, run_main
@@ -25,24 +31,56 @@ def _check(snapshot_s: float, mtbf_s: float) -> None:
                          "finite seconds; measure the cost with a timed save")
 
 
+def waste_fraction(interval_s: float, snapshot_s: float, mtbf_s: float) -> float:
+    """The model's expected fraction of wall time not spent on kept work, computing ``interval_s``
+    seconds between snapshots."""
+    _check(snapshot_s, mtbf_s)
+    if not interval_s > 0:
+        raise ValueError(f"interval must be positive seconds, got {interval_s}")
+    periods = (interval_s + snapshot_s) / mtbf_s
+    if periods > 700:                                   # exp() overflows: nothing is ever kept
+        return 1.0
+    return 1.0 - interval_s / (mtbf_s * math.expm1(periods))
+
+
+def best_interval(snapshot_s: float, mtbf_s: float) -> float:
+    """The compute time between snapshots that minimises ``waste_fraction`` (bisection on the
+    derivative's zero: exp((tau + C)/M) (1 - tau/M) - 1 falls from > 0 to -1 on (0, M))."""
+    _check(snapshot_s, mtbf_s)
+    lo, hi = 0.0, mtbf_s
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid < mtbf_s and (mid + snapshot_s) / mtbf_s + math.log1p(-mid / mtbf_s) > 0:   # its log
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def young_interval(snapshot_s: float, mtbf_s: float) -> float:
+    """Young (1974): the minimum of C/tau + tau/(2M)."""
     _check(snapshot_s, mtbf_s)
     return math.sqrt(2 * snapshot_s * mtbf_s)
 
 
-def daly_interval(snapshot_s: float, mtbf_s: float) -> float:
+def daly_first_order(snapshot_s: float, mtbf_s: float) -> float:
+    """First-order Daly (2006): the minimum of C/(tau + C) + tau/(2M); no answer for C >= 2M."""
     _check(snapshot_s, mtbf_s)
     if snapshot_s >= 2 * mtbf_s:
-        return mtbf_s
+        raise ValueError(f"first-order Daly has no positive interval for a snapshot of {snapshot_s:g} s "
+                         f">= 2 x MTBF ({mtbf_s:g} s): use best_interval")
     return math.sqrt(2 * snapshot_s * mtbf_s) - snapshot_s
 
 
-def waste_fraction(interval_s: float, snapshot_s: float, mtbf_s: float) -> float:
-    """First-order fraction of wall time not spent on new work: snapshots plus redone work."""
-    _check(snapshot_s, mtbf_s)
-    if not interval_s > 0:
-        raise ValueError(f"interval must be positive seconds, got {interval_s}")
-    return snapshot_s / interval_s + interval_s / (2 * mtbf_s)
+def simulate(interval_s: float, snapshot_s: float, mtbf_s: float, failures: int = 20000, seed: int = 0) -> float:
+    """The waste measured by drawing ``failures`` exponential times between failures."""
+    rng = random.Random(seed)
+    period, kept, wall = interval_s + snapshot_s, 0.0, 0.0
+    for _ in range(failures):
+        up = rng.expovariate(1.0 / mtbf_s)                    # seconds until the next failure
+        kept += math.floor(up / period) * interval_s          # completed periods keep their work
+        wall += up
+    return 1.0 - kept / wall
 
 
 def main(argv=None):
@@ -51,12 +89,14 @@ def main(argv=None):
     p.add_argument("--failures-per-day", type=positive_float, default=1.0)
     a = p.parse_args(argv)
     mtbf = 86400 / a.failures_per_day
-    if a.snapshot_seconds >= mtbf:
-        raise LaunchError("error: a snapshot that takes longer than the time between failures "
-                          "never completes; lower --failures-per-day or --snapshot-seconds")
-    y, d = young_interval(a.snapshot_seconds, mtbf), daly_interval(a.snapshot_seconds, mtbf)
-    print(f"young_interval_s={y:.1f} daly_interval_s={d:.1f} "
-          f"waste_at_daly={waste_fraction(d, a.snapshot_seconds, mtbf):.4f}")
+    if math.isinf(a.snapshot_seconds) or math.isinf(mtbf):
+        raise LaunchError("error: --snapshot-seconds and --failures-per-day must be finite")
+    best = best_interval(a.snapshot_seconds, mtbf)
+    young = young_interval(a.snapshot_seconds, mtbf)
+    daly = daly_first_order(a.snapshot_seconds, mtbf) if a.snapshot_seconds < 2 * mtbf else float("nan")
+    print(f"best_interval_s={best:.1f} waste_at_best={waste_fraction(best, a.snapshot_seconds, mtbf):.4f} "
+          f"young_interval_s={young:.1f} waste_at_young={waste_fraction(young, a.snapshot_seconds, mtbf):.4f} "
+          f"daly_first_order_s={daly:.1f}")
     return 0
 
 

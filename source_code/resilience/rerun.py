@@ -1,0 +1,64 @@
+"""Corruption in the computation: validate each rank's gradient, replay the step to attribute it.
+
+    python -m source_code.resilience.sdc_drill --world-size 3 --fault compute-repeat --rank 1 --at-step 6
+
+A fault in one rank's forward or backward (a bad ALU, a kernel that miscomputes on one GPU)
+leaves a wrong gradient that the all-reduce averages into every replica: the replicas stay
+bitwise equal, so comparing their checksums (sdc.py) finds nothing. Megatron-LM's rerun state
+machine (megatron/core/rerun_state_machine.py) checks a *result* instead and replays the step:
+* ``is_unexpectedly_large``: each rank's local gradient norm, before the all-reduce, against
+  ``threshold`` x the largest value seen so far (Megatron's rule for spiky losses and
+  gradients; NaN and Inf are checked the same way);
+* ``attribute``: every rank goes back to the state before the step (the copy the check keeps)
+  and computes its slice again on the *same device*; if the flagged value does not come back
+  the fault was transient. If it does, the flagged slice is computed on *another device*
+  (each rank takes its neighbour's slice): a different value there means the first device
+  computes wrongly (persistent: drain it); the same value means the result was right and the
+  cause is the data or the code, not the hardware.
+Megatron's second replay restarts the job from a checkpoint on another GPU; in data
+parallelism every rank holds the same state, so a neighbour can compute the slice at once.
+"""
+from __future__ import annotations
+
+import math
+
+import torch.distributed as dist
+
+from source_code.resilience.common import gather_floats
+
+
+def local_grad_norm(model) -> float:
+    """The L2 norm of this rank's gradients before they are averaged."""
+    return math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
+
+
+def is_unexpectedly_large(value: float, seen: list[float], threshold: float = 10.0, warmup: int = 2) -> bool:
+    """Megatron's rejection rule: NaN, Inf, or at least ``threshold`` x the largest earlier value."""
+    if math.isnan(value) or math.isinf(value):
+        return True
+    return len(seen) >= warmup and value >= threshold * max(seen)
+
+
+def same(a: float, b: float, tolerance: float = 1e-3) -> bool:
+    """Reproduced within a relative tolerance (Megatron allows 0.1 % for non-deterministic kernels)."""
+    return a == b or abs(a - b) <= tolerance * max(abs(a), abs(b))
+
+
+def verdict(initial: float, same_device: float, other_device: float | None) -> str:
+    if not same(initial, same_device):
+        return "transient"                   # not reproduced on the same device
+    if other_device is not None and not same(initial, other_device):
+        return "persistent"                  # reproduced there, not elsewhere: that device
+    return "correct"                         # reproduced on another device: data or code
+
+
+def attribute(replay, initial: list[float], flagged: int, group=None) -> str:
+    """``replay(shift)``: restore the state before the step and compute the local gradient norm
+    of the slice of rank ``(rank - shift) % world`` (0: its own). Returns the verdict for
+    ``flagged``."""
+    world = dist.get_world_size(group)
+    again = gather_floats(replay(0), group)[flagged]                  # the same device
+    if not same(initial[flagged], again):
+        return verdict(initial[flagged], again, None)
+    elsewhere = gather_floats(replay(1), group)[(flagged + 1) % world]   # the neighbour computes it
+    return verdict(initial[flagged], again, elsewhere)
