@@ -7,8 +7,8 @@ leaves a wrong gradient that the all-reduce averages into every replica: the rep
 bitwise equal, so comparing their checksums (sdc.py) finds nothing. Megatron-LM's rerun state
 machine (megatron/core/rerun_state_machine.py) checks a *result* instead and replays the step:
 * ``is_unexpectedly_large``: each rank's local gradient norm, before the all-reduce, against
-  ``threshold`` x the largest value seen so far (Megatron's rule for spiky losses and
-  gradients; NaN and Inf are checked the same way);
+  ``threshold`` x the largest value seen before (Megatron's rule for spiky losses and gradients,
+  which takes the largest of the first 100 values; NaN and Inf are rejected too);
 * ``attribute``: every rank goes back to the state before the step (the copy the check keeps)
   and computes its slice again on the *same device*; if the flagged value does not come back
   the fault was transient. If it does, the flagged slice is computed on *another device*
