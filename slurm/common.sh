@@ -3,7 +3,11 @@
 # Not a job script itself: the job scripts `source` it after finding the repository (ROOT).
 #
 # Inputs (environment; sbatch passes the submitting shell's environment to the job):
-#   WORKSHOP_SITE   puhti | mahti | lumi | jureca | local (default): slurm/sites/$WORKSHOP_SITE.sh
+#   WORKSHOP_SITE   puhti | mahti | lumi | jureca | local | local-gpu: slurm/sites/$WORKSHOP_SITE.sh;
+#                   set, with Slurm's own SBATCH_* variables, by the site step in the shell that
+#                   submits: eval "$(python -m source_code.launch.site_profiles --site S
+#                   --account P --format exports)". Without it: `local` on the workshop's own
+#                   test cluster, an error anywhere else (WORKSHOP_DEVICE=cpu: the CPU, said)
 #   WORKSHOP_VENV   a virtual environment to activate (else: the python already on PATH,
 #                   e.g. an activated venv/conda env, or the one the site's modules provide)
 #   WORKSHOP_CONTAINER, WORKSHOP_CONTAINER_EXEC   run the launch inside a container (launch.sh)
@@ -11,7 +15,22 @@
 #                   any entry point that runs under torchrun or srun, e.g. a sharding script)
 #   NPROC_PER_NODE  processes per node (default: the GPUs Slurm gave the node; on `local`, its CPUs)
 #   TORCHRUN        the launcher (default: the profile's, else torchrun)
+#   LAUNCHER        torchrun (default) | srun | accelerate: torchrun is needed for the first only
+#
+# A job without what its site needs stops here, in its first second, with one line naming the
+# fix: no site set up on a cluster that is not the workshop's test cluster; a profile that
+# runs on GPUs and an allocation without any; more processes per node than GPUs per node.
 
+# ClusterName of the workshop's own test cluster (tests/slurm_cluster.py)
+LOCAL_CLUSTER=workshop
+SITE_STEP='eval "$(python -m source_code.launch.site_profiles --site <site> --account <project> --format exports)"'
+if [ -z "${WORKSHOP_SITE:-}" ] && [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_CLUSTER_NAME:-}" != "$LOCAL_CLUSTER" ]; then
+    if [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
+        echo "error: no site set up for job $SLURM_JOB_ID on cluster ${SLURM_CLUSTER_NAME:-?}: run $SITE_STEP once in the shell you submit from (sites: $(cd "$ROOT/slurm/sites" && ls *.sh | sed 's/\.sh$//' | grep -v '^local' | tr '\n' ' ')), then sbatch again; WORKSHOP_DEVICE=cpu runs on the CPU without one" >&2
+        exit 2
+    fi
+    echo "note: WORKSHOP_DEVICE=cpu and no site set up: the processes run on the CPU with the local profile (no module lines)"
+fi
 WORKSHOP_SITE=${WORKSHOP_SITE:-local}
 profile="$ROOT/slurm/sites/$WORKSHOP_SITE.sh"
 if [ ! -f "$profile" ]; then
@@ -21,6 +40,15 @@ if [ ! -f "$profile" ]; then
 fi
 # shellcheck source=sites/local.sh
 source "$profile"
+# the GPUs Slurm gave this node: the devices it lists, else the count the job asked for
+ALLOC_GPUS=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}
+ALLOC_GPUS=${ALLOC_GPUS##*:}
+[[ "$ALLOC_GPUS" =~ ^[0-9]+$ ]] || ALLOC_GPUS=0
+if [ -n "$SITE_GPU_REQUEST" ] && [ -n "${SLURM_JOB_ID:-}" ] && (( ALLOC_GPUS == 0 )) \
+        && [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
+    echo "error: site $WORKSHOP_SITE runs on GPUs but job $SLURM_JOB_ID was given none: submit from a shell set up with ${SITE_STEP/<site>/$WORKSHOP_SITE} (or pass ${SITE_GPU_REQUEST/\{n\}/N} to sbatch); WORKSHOP_DEVICE=cpu runs on the CPU instead" >&2
+    exit 2
+fi
 site_environment
 if [ -n "${WORKSHOP_VENV:-}" ]; then
     # shellcheck disable=SC1091
@@ -61,7 +89,7 @@ if importlib.util.find_spec("source_code") is None:
              "or export WORKSHOP_ROOT" % (sys.path[0] or "."))
 ' || exit 2
 launcher=${TORCHRUN:-${SITE_TORCHRUN:-torchrun}}
-if [ ${#IN_CONTAINER[@]} -eq 0 ] && ! command -v "$launcher" >/dev/null; then
+if [ "${LAUNCHER:-torchrun}" = torchrun ] && [ ${#IN_CONTAINER[@]} -eq 0 ] && ! command -v "$launcher" >/dev/null; then
     echo "error: $launcher not on PATH; activate the workshop environment" \
          "$([ "$launcher" = torchrun_jsc ] && echo "and pip install torchrun_jsc in it (or TORCHRUN=torchrun)")" >&2
     exit 2
@@ -80,6 +108,18 @@ if [ -z "${NPROC_PER_NODE:-}" ]; then
         NPROC_PER_NODE=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
     fi
 fi
+# inside a GPU allocation one process per GPU at most (outside Slurm, the device policy's note)
+procs=$(( NPROC_PER_NODE * ${SLURM_NTASKS_PER_NODE:-1} ))
+if (( ALLOC_GPUS > 0 && procs > ALLOC_GPUS )) && [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
+    echo "error: $procs process(es) per node but job $SLURM_JOB_ID has $ALLOC_GPUS GPU(s) per node: one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for more GPUs" >&2
+    exit 2
+fi
+if [ "${WORKSHOP_DEVICE:-auto}" = cpu ] && [ -n "$SITE_GPU_REQUEST" ]; then
+    echo "note: WORKSHOP_DEVICE=cpu: the processes run on the CPU on purpose ($ALLOC_GPUS GPU(s) per node allocated)"
+elif [ "${SITE_GPUS_COUNTED_ONLY:-}" = yes ]; then   # the test cluster's GPUs: a count, no device
+    export WORKSHOP_DEVICE=cpu
+    echo "note: $SITE_NAME: Slurm gave $ALLOC_GPUS GPU(s) per node and no GPU device exists, so the processes run on the CPU with gloo"
+fi
 # the CPU cores of a task are shared by its processes: no oversubscription by OpenMP threads
 export OMP_NUM_THREADS=$(( ${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE} / NPROC_PER_NODE > 0 ? ${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE} / NPROC_PER_NODE : 1 ))
 
@@ -93,5 +133,6 @@ fi
 export MASTER_PORT=${MASTER_PORT:-$(( 20000 + ${SLURM_JOB_ID:-0} % 10000 ))}
 
 echo "job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname)}: site $WORKSHOP_SITE ($SITE_NAME)," \
-     "$NPROC_PER_NODE process(es) per task, python $(command -v "$PYTHON"), module $TRAIN_MODULE" \
+     "$NPROC_PER_NODE process(es) per task, $ALLOC_GPUS GPU(s) per node," \
+     "python $(command -v "$PYTHON"), module $TRAIN_MODULE" \
      "${IN_CONTAINER[*]:+, in container: ${IN_CONTAINER[*]}}"

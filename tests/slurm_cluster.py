@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from source_code.launch.jobs import LOCAL_CLUSTER_MARK as MARK  # noqa: E402
 
 NODES = {"n1": ("127.0.1.1", 17001), "n2": ("127.0.1.2", 17002)}
 CONF = Path("/etc/slurm/slurm.conf")
+GRES_CONF = CONF.parent / "gres.conf"
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 DEFAULT_BASE = Path("/tmp/workshop-slurm")
 
@@ -92,7 +94,7 @@ def _hosts() -> None:
 
 
 def slurm_conf(base: Path, cpus: int, mem_mb: int) -> str:
-    nodes = "\n".join(f"NodeName={n} NodeAddr={ip} Port={port} CPUs={cpus} RealMemory={mem_mb} "
+    nodes = "\n".join(f"NodeName={n} NodeAddr={ip} Port={port} CPUs={cpus} RealMemory={mem_mb} Gres=gpu:{cpus} "
                       "State=UNKNOWN" for n, (ip, port) in NODES.items())
     return f"""{MARK}; state in {base}
 ClusterName=workshop
@@ -126,14 +128,41 @@ MailProg=/bin/true
 # more CPUs than the machine has may be declared (SLURM_NODE_CPUS): config_overrides
 SlurmdParameters=config_overrides
 # two slurmd on one host: NO CommunicationParameters=NoInAddrAny, a distinct Port each
+# each node declares as many GPUs as it has CPUs, as generic resources (gres.conf: device files
+# made for the purpose, no GPU behind them): the `local-gpu` profile asks for them as a GPU
+# site's jobs must, and a job that asks for none gets none
+GresTypes=gpu
 {nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# where a course's reservation is made (the site step then submits into it, not into debug)
+PartitionName=course Nodes=ALL Default=NO MaxTime=INFINITE State=UP
 """
 
 
+def gres_conf(base: Path, gpus: int) -> str:
+    """GPUs that Slurm hands out as it would real ones, with no GPU behind them: Slurm 22.05's
+    gpu plugin drops a GPU without a device file ("Removing file-less GPU"), so each node's GPUs
+    are character devices made for the purpose (<base>/dev/gpuN, the same device as /dev/null:
+    nothing opens them). Jobs get SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES
+    as on a GPU site; no detection runs (AutoDetect=off)."""
+    files = f"{base}/dev/gpu[0-{gpus - 1}]" if gpus > 1 else f"{base}/dev/gpu0"
+    return (f"{MARK}\nAutoDetect=off\n"
+            + "".join(f"NodeName={n} Name=gpu File={files}\n" for n in NODES))
+
+
+def _gpu_devices(base: Path, gpus: int) -> None:
+    (base / "dev").mkdir(parents=True, exist_ok=True)
+    for i in range(gpus):
+        dev = base / "dev" / f"gpu{i}"
+        if not dev.is_char_device():
+            dev.unlink(missing_ok=True)
+            os.mknod(dev, 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+
+
 def idle_nodes() -> int:
+    """Nodes that are idle (each once, though sinfo lists a node once per partition)."""
     res = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True)
-    return sum(1 for ln in res.stdout.splitlines() if ln.split()[-1:] == ["idle"])
+    return len({ln.split()[0] for ln in res.stdout.splitlines() if ln.split()[-1:] == ["idle"]})
 
 
 def is_running() -> bool:
@@ -141,8 +170,8 @@ def is_running() -> bool:
 
 
 def _busy_nodes() -> int:
-    res = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True)
-    return sum(1 for s in res.stdout.split() if s in ("alloc", "mix", "comp"))
+    res = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True)
+    return len({ln.split()[0] for ln in res.stdout.splitlines() if ln.split()[-1:] in (["alloc"], ["mix"], ["comp"])})
 
 
 def start(base: Path = DEFAULT_BASE, cpus: int | None = None, mem_mb: int = 8000,
@@ -154,7 +183,7 @@ def start(base: Path = DEFAULT_BASE, cpus: int | None = None, mem_mb: int = 8000
     t0 = time.time()
     install()
     cpus = cpus or int(os.environ.get("SLURM_NODE_CPUS", 2))
-    stop(base, quiet=True)
+    stop(base, quiet=True, keep_munge=True)   # a munged stopping now would still answer below
     _hosts()
     if not _munge_ok():
         Path("/run/munge").mkdir(exist_ok=True)
@@ -174,6 +203,8 @@ def start(base: Path = DEFAULT_BASE, cpus: int | None = None, mem_mb: int = 8000
         (base / d).mkdir(parents=True, exist_ok=True)
     CONF.parent.mkdir(parents=True, exist_ok=True)
     CONF.write_text(slurm_conf(base, cpus, mem_mb))
+    _gpu_devices(base, cpus)
+    GRES_CONF.write_text(gres_conf(base, cpus))
     _run(["/usr/sbin/slurmctld", "-i"])
     for n in NODES:
         # own hostname (UTS) and own mounts; the network stays shared (loopback aliases)
@@ -208,8 +239,9 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def stop(base: Path = DEFAULT_BASE, quiet: bool = False) -> None:
-    """Cancel jobs, TERM the daemons named in our pid files (never by name), KILL leftovers."""
+def stop(base: Path = DEFAULT_BASE, quiet: bool = False, keep_munge: bool = False) -> None:
+    """Cancel jobs, TERM the daemons named in our pid files (never by name), KILL leftovers;
+    munged too where we started it, unless ``keep_munge`` (a restart)."""
     if not (base / "run").exists():
         return
     if shutil.which("squeue") and any(_alive(p) for p in _pids(base)):
@@ -220,7 +252,7 @@ def stop(base: Path = DEFAULT_BASE, quiet: bool = False) -> None:
             time.sleep(1)
     pids = _pids(base)
     marker = base / "run" / "we-started-munged"
-    if marker.exists():
+    if marker.exists() and not keep_munge:
         pids.append(int(marker.read_text().split()[0]))
     for p in pids:
         try:
@@ -235,7 +267,8 @@ def stop(base: Path = DEFAULT_BASE, quiet: bool = False) -> None:
             os.kill(p, signal.SIGKILL)
     for f in (base / "run").glob("*.pid"):
         f.unlink()
-    marker.unlink(missing_ok=True)
+    if not keep_munge:
+        marker.unlink(missing_ok=True)
     if not quiet:
         _say(f"stopped {len(pids)} daemons")
 

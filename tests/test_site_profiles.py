@@ -89,7 +89,8 @@ def test_no_accounts_reservations_personal_paths_or_ips_in_slurm_files():
         text = p.read_text()
         assert not re.search(r"^#SBATCH\s+(-A|--account|--reservation)", text, re.M), p
         assert not re.search(r"project_\d+|/users/|/home/\w|/scratch/\w", text), p
-        assert not re.search(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b", text), p
+        # no machine's address (0.0.0.0, "every interface", is none)
+        assert not re.search(r"\b(?!0\.0\.0\.0\b)\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b", text), p
 
 
 def test_profiles_are_valid_shell_with_a_site_environment_function():
@@ -310,3 +311,118 @@ def test_zero_gpus_is_an_error_not_a_full_node(gpus, capsys):
     assert sp.main(["--site", "puhti", "--gpus", gpus]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and f"error: --gpus {gpus}: these headers are for GPU jobs" in captured.err
+
+
+# ------------------------------------------------------------------ the site step (--format exports)
+def step(*argv, env=None):
+    """Run the site step as a participant does, eval'd in bash; the variables it leaves set."""
+    cmd = (f'eval "$({shlex.quote(sys.executable)} -m source_code.launch.site_profiles '
+           f'{" ".join(map(shlex.quote, argv))} --format exports)" && env -0')
+    res = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True,
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "WORKSHOP_SITE"))},
+                              **(env or {})})
+    got = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)
+    return res, {k: v for k, v in got.items() if k.startswith(("SBATCH_", "WORKSHOP_SITE"))}
+
+
+@pytest.mark.parametrize("site,gpu", [("lumi", ("SBATCH_GPUS_PER_NODE", "8")),
+                                      ("puhti", ("SBATCH_GRES", "gpu:v100:4")),
+                                      ("mahti", ("SBATCH_GRES", "gpu:a100:4")),
+                                      ("jureca", ("SBATCH_GRES", "gpu:4"))])
+def test_site_step_exports_slurms_own_input_variables(site, gpu):
+    res, got = step("--site", site, "--account", "project_x")
+    assert res.returncode == 0, res.stderr
+    assert got["WORKSHOP_SITE"] == site and got["SBATCH_ACCOUNT"] == "project_x"
+    assert got[gpu[0]] == gpu[1] and got["SBATCH_PARTITION"] == sp.load(site).partition_full_nodes
+    assert res.stderr.startswith(f"site {site} set up for sbatch in this shell:"), res.stderr
+    # what the headers of the same site ask for, per node: the same GPUs, memory and partition
+    full = dict(o.lstrip("-").split("=", 1) for o in sp.args(site, sp.load(site).gpus_per_node))
+    if "mem" in full:
+        assert int(got["SBATCH_MEM_PER_GPU"].rstrip("G")) * sp.load(site).gpus_per_node == int(full["mem"].rstrip("G"))
+    assert full["partition"] == got["SBATCH_PARTITION"]
+
+
+def test_site_step_replaces_an_earlier_sites_variables_and_names_the_fix_for_bad_input():
+    _, lumi_then_puhti = step("--site", "puhti", env={"SBATCH_GPUS_PER_NODE": "8", "SBATCH_RESERVATION": "old"})
+    assert "SBATCH_GPUS_PER_NODE" not in lumi_then_puhti and "SBATCH_RESERVATION" not in lumi_then_puhti
+    res, got = step("--site", "mahti", "--gpus-per-node", "3")   # eval of nothing: the shell as it was
+    assert not got and res.stderr.strip().splitlines() == [
+        "error: Mahti's gpumedium takes whole nodes of 4 GPUs; use --gpus-per-node 2 or 4"]
+    res, got = step("--site", "mahti", "--gpus-per-node", "2", "--time", "01:00:00")
+    assert (got["SBATCH_PARTITION"], got["SBATCH_GRES"], got["SBATCH_TIMELIMIT"]) == ("gpusmall", "gpu:a100:2", "01:00:00")
+    assert "no --account given" in res.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--site", "puhti", "--gpus", "8", "--test", "--time", "00:20:00"],
+     "Puhti's test partition gputest takes at most 8 GPUs for 15 min"),
+    (["--site", "puhti", "--gpus", "84"], "Puhti's partition gpu takes at most 20 node(s) for 3 days; this asks for 21 node(s)"),
+    (["--site", "mahti", "--gpus", "32"], "Mahti's partition gpumedium takes at most 6 node(s) for 36 h"),
+    (["--site", "lumi", "--gpus", "8", "--time", "3-00:00:00"],
+     "LUMI's partition standard-g takes at most 1024 node(s) for 2 days; this asks for 1 node(s) for 3 days"),
+    (["--site", "lumi", "--gpus", "40"], "LUMI's partition standard-g"),   # 5 nodes: fits
+    (["--site", "lumi", "--gpus", "7", "--time", "4-00:00:00"], "LUMI's partition small-g takes at most 4 node(s) for 3 days"),
+])
+def test_partition_limits_are_checked_before_submission_in_one_line(argv, message):
+    res = subprocess.run([sys.executable, "-m", "source_code.launch.site_profiles", *argv, "--format", "args"],
+                         capture_output=True, text=True)
+    if argv[-1] == "40":
+        assert res.returncode == 0 and "--partition=standard-g" in res.stdout, res.stderr
+        return
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+
+
+def test_every_partition_a_profile_names_has_its_limits():
+    for key in sp.sites():
+        site = sp.load(key)
+        named = {site.partition, site.partition_full_nodes, site.partition_test}
+        assert named <= {p for p, _, _ in site.limits}, (key, named, site.limits)
+        for site_key, lim in LIMITS.items():   # and they are the documented ones
+            if site_key == key:
+                for part, max_nodes, max_time in site.limits:
+                    doc = lim["partitions"][part]
+                    if doc[1] is not None:
+                        assert (max_nodes, sp.minutes(max_time)) == (doc[1], doc[2]), (key, part)
+
+
+def job_script_env(**env):
+    """Source common.sh as a job script does, inside a fake Slurm job (no cluster needed)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "WORKSHOP_"))}
+    full.update({"PYTHON": sys.executable, "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1", **env})
+    return subprocess.run(["bash", "-c", f"ROOT={ROOT}; source $ROOT/slurm/common.sh"], cwd="/", env=full,
+                          capture_output=True, text=True)
+
+
+def test_a_job_on_a_site_without_the_site_step_stops_in_one_line():
+    res = job_script_env(SLURM_CLUSTER_NAME="lumi")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: no site set up for job 42 on cluster lumi: run eval") \
+        and "--format exports" in res.stderr and "puhti" in res.stderr and "local" not in res.stderr.split("sites:")[1].split(")")[0]
+    res = job_script_env(SLURM_CLUSTER_NAME="lumi", WORKSHOP_DEVICE="cpu")
+    assert res.returncode == 0 and "note: WORKSHOP_DEVICE=cpu and no site set up" in res.stdout, res.stderr
+
+
+def test_a_gpu_profile_without_gpus_and_more_processes_than_gpus_stop_in_one_line():
+    res = job_script_env(SLURM_CLUSTER_NAME="lumi", WORKSHOP_SITE="puhti")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "error: site puhti runs on GPUs but job 42 was given none" in res.stderr
+    assert "--gres=gpu:v100:N" in res.stderr and "WORKSHOP_DEVICE=cpu runs on the CPU instead" in res.stderr
+    res = job_script_env(WORKSHOP_SITE="local-gpu", SLURM_GPUS_ON_NODE="2", NPROC_PER_NODE="4")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "error: 4 process(es) per node but job 42 has 2 GPU(s) per node: one process per GPU (leave "
+        "NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for more GPUs"), res.stderr
+    res = job_script_env(WORKSHOP_SITE="local-gpu", SLURM_GPUS_PER_NODE="gpu:2")
+    assert res.returncode == 0 and "2 process(es) per task, 2 GPU(s) per node" in res.stdout, res.stderr
+    assert "no GPU device exists, so the processes run on the CPU" in res.stdout
+
+
+def test_jureca_shows_each_process_the_gpus_the_job_asked_for():
+    assert site_env_with("jureca", SLURM_GPUS_ON_NODE="2")["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert site_env_with("jureca")["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def site_env_with(site, **env):
+    script = f"module() {{ :; }}; source slurm/sites/{site}.sh; site_environment; env -0"
+    res = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**{k: v for k, v in os.environ.items() if "SOCKET_IFNAME" not in k}, **env})
+    return dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)

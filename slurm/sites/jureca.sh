@@ -8,6 +8,8 @@ SITE_PARTITION_TEST=dc-gpu-devel   # short runs (limits below are this profile's
                                    # not checked against JSC's documentation)
 SITE_TEST_MAX_GPUS=16
 SITE_TEST_MAX_MINUTES=120
+# partition=max nodes/max time: this profile's own guess, like the test partition above
+SITE_LIMITS="dc-gpu=128/24:00:00 dc-gpu-devel=4/2:00:00"
 SITE_GPUS_PER_NODE=4
 SITE_GPU_REQUEST="--gres=gpu:{n}"
 SITE_CPUS_PER_NODE=128
@@ -34,7 +36,9 @@ site_environment() {
     # the sockets of NCCL/gloo on the InfiniBand interface
     export NCCL_SOCKET_IFNAME=ib0
     export GLOO_SOCKET_IFNAME=ib0
-    # all 4 GPUs visible to every process of a node, which picks cuda:LOCAL_RANK (JSC's
-    # examples set this: Slurm's per-task GPU binding would otherwise hide the others)
-    export CUDA_VISIBLE_DEVICES=0,1,2,3
+    # every GPU the job has on the node visible to every process of the node, which picks
+    # cuda:LOCAL_RANK (JSC's examples set this: Slurm's per-task GPU binding would otherwise hide
+    # the others); as many as the job asked for (SLURM_GPUS_ON_NODE), not always all 4
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( ${SLURM_GPUS_ON_NODE:-4} - 1 )))
+    export CUDA_VISIBLE_DEVICES
 }

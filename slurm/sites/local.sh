@@ -7,6 +7,8 @@ SITE_PARTITION_MAX_GPUS=2
 SITE_PARTITION_TEST=debug
 SITE_TEST_MAX_GPUS=4
 SITE_TEST_MAX_MINUTES=15
+# partition=max nodes/max time: the test cluster's two nodes
+SITE_LIMITS="debug=2/1-00:00:00"
 SITE_GPUS_PER_NODE=2               # process slots per node (CPU cores)
 SITE_GPU_REQUEST=""                # no GPUs to request
 SITE_CPUS_PER_NODE=2

@@ -9,6 +9,8 @@ SITE_PARTITION_FULL_NODES=standard-g  # whole nodes, up to 2 days
 SITE_PARTITION_TEST=dev-g          # short runs: at most 3 h
 SITE_TEST_MAX_GPUS=256             # 32 nodes
 SITE_TEST_MAX_MINUTES=180
+# partition=max nodes/max time, as LUMI's partitions page lists them
+SITE_LIMITS="small-g=4/3-00:00:00 standard-g=1024/2-00:00:00 dev-g=32/3:00:00"
 SITE_GPUS_PER_NODE=8
 SITE_GPU_REQUEST="--gpus-per-node={n}"
 SITE_CPUS_PER_NODE=56

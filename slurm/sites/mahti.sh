@@ -9,6 +9,8 @@ SITE_PARTITION_FULL_NODES=gpumedium  # larger jobs: whole nodes (4 GPUs each), 1
 SITE_PARTITION_TEST=gputest          # short runs: at most 15 min, one node (4 GPUs)
 SITE_TEST_MAX_GPUS=4
 SITE_TEST_MAX_MINUTES=15
+# partition=max nodes/max time, as CSC's batch-job-partitions page lists them
+SITE_LIMITS="gpusmall=1/36:00:00 gpumedium=6/36:00:00 gputest=1/15"
 SITE_GPUS_PER_NODE=4
 SITE_GPU_REQUEST="--gres=gpu:a100:{n}"
 SITE_CPUS_PER_NODE=128

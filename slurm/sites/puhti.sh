@@ -8,6 +8,8 @@ SITE_PARTITION_MAX_GPUS=80         # every job size goes to the gpu partition
 SITE_PARTITION_TEST=gputest        # short runs: at most 15 min, 2 nodes
 SITE_TEST_MAX_GPUS=8
 SITE_TEST_MAX_MINUTES=15
+# partition=max nodes/max time, as CSC's batch-job-partitions page lists them
+SITE_LIMITS="gpu=20/3-00:00:00 gputest=2/15"
 SITE_GPUS_PER_NODE=4
 SITE_GPU_REQUEST="--gres=gpu:v100:{n}"   # {n} = GPUs per node
 SITE_CPUS_PER_NODE=40

@@ -5,6 +5,10 @@
     python -m source_code.launch.site_profiles --site mahti --gpus 4 --test --time 00:10:00
     sbatch $(python -m source_code.launch.site_profiles --site mahti --gpus 8 --format args) slurm/ddp_multinode.slurm
     python -m source_code.launch.site_profiles --list
+    eval "$(python -m source_code.launch.site_profiles --site lumi --account project_X --format exports)"
+
+The last line is the site step (site_step.py): once per shell, then the bare job lines
+(`sbatch slurm/ddp_multinode.slurm`) ask for the site's partition, GPUs, memory and account.
 
 The site profiles are the shell files slurm/sites/<site>.sh (the job scripts source them for
 their module lines and interconnect variables); this module reads their SITE_* values.
@@ -60,6 +64,7 @@ class Site:
     max_cpus_per_gpu: int
     max_mem_per_gpu_gb: int  # with mem_per_node_gb == 0: no --mem line (whole nodes)
     environment: str  # the body of site_environment(): module lines, interconnect variables
+    limits: tuple = ()  # (partition, max nodes, max time) from SITE_LIMITS
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -97,7 +102,29 @@ def load(key: str) -> Site:
                 int(values.get("SITE_TEST_MAX_MINUTES", 15)),
                 int(values["SITE_GPUS_PER_NODE"]), values["SITE_GPU_REQUEST"],
                 int(values["SITE_CPUS_PER_NODE"]), int(values["SITE_MEM_PER_NODE_GB"]),
-                int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env)
+                int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env,
+                tuple((part, int(n), t) for part, _, rest in
+                      (item.partition("=") for item in values.get("SITE_LIMITS", "").split())
+                      for n, t in [rest.split("/", 1)]))
+
+
+def check_limits(site: Site, part: str, nodes: int, time: str) -> None:
+    """Refuse, in one line, a job larger or longer than ``part`` allows (SITE_LIMITS)."""
+    for name, max_nodes, max_time in site.limits:
+        if name == part and (nodes > max_nodes or minutes(time) > minutes(max_time)):
+            raise ProfileError(f"error: {site.name}'s partition {part} takes at most {max_nodes} "
+                               f"node(s) for {human(minutes(max_time))}; this asks for {nodes} "
+                               f"node(s) for {human(minutes(time))}: ask for fewer GPUs or less "
+                               "time, or another partition")
+
+
+def human(total_minutes: float) -> str:
+    """Minutes as a person says them: '15 min', '36 h', '3 days'."""
+    for unit, size in (("days", 24 * 60), ("h", 60)):
+        if total_minutes >= size and total_minutes % size == 0:
+            n = int(total_minutes // size)
+            return f"{n} {'day' if unit == 'days' and n == 1 else unit}"
+    return f"{total_minutes:g} min"
 
 
 def layout(site: Site, gpus: int) -> tuple[int, int]:
@@ -158,6 +185,7 @@ def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = 
     nodes, per_node = layout(site, gpus)
     minutes(time)
     part, why = partition(site, gpus, test, time)
+    check_limits(site, part, nodes, time)
     opts = [(f"--partition={part}", why)]
     if account:
         opts.append((f"--account={account}", "billing project"))
@@ -217,11 +245,18 @@ def main(argv=None):
     p.add_argument("--site", help=f"one of the profiles in {SITES_DIR}")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in total (default: one node's)")
     p.add_argument("--launcher", default="torchrun", help="torchrun (a task per node) | srun (a task per GPU)")
-    p.add_argument("--time", default="00:30:00")
+    p.add_argument("--time", default=None, help="wall-clock limit (default: 00:30:00; exports: "
+                   "each job script's own)")
     p.add_argument("--account", default=None, help="billing project (default: SBATCH_ACCOUNT)")
     p.add_argument("--test", action="store_true", help="the site's partition for short test runs")
-    p.add_argument("--format", default="header", choices=["header", "args", "env"],
-                   help="header: #SBATCH lines; args: sbatch options; env: the site's module lines")
+    p.add_argument("--format", default="header", choices=["header", "args", "env", "exports"],
+                   help="header: #SBATCH lines; args: sbatch options; env: the site's module lines; "
+                        "exports: the site step, for eval in the shell you submit from")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="exports: GPUs each node of a job asks for (default: the whole node's)")
+    p.add_argument("--reservation", default=None, help="exports: a course's reservation; its "
+                   "partition, where it has one, replaces the profile's")
+    p.add_argument("--partition", default=None, help="exports: this partition instead of the profile's")
     p.add_argument("--list", action="store_true", help="list the sites")
     a = p.parse_args(argv)
     try:
@@ -236,6 +271,14 @@ def main(argv=None):
             raise ProfileError(f"error: --gpus {a.gpus}: these headers are for GPU jobs; give 1 or more "
                                "GPUs, or leave --gpus out for one full node (CPU-only runs need no "
                                "GPU request: e.g. sbatch --nodes=1 --ntasks-per-node=1 with WORKSHOP_DEVICE=cpu)")
+        if a.format == "exports":
+            from source_code.launch import site_step
+            pairs = site_step.exports(a.site, a.account, a.gpus_per_node, a.time, a.reservation,
+                                      a.partition, a.test)
+            print(site_step.shell_lines(pairs))
+            print(site_step.summary(pairs), file=__import__("sys").stderr)
+            return 0
+        a.time = a.time or "00:30:00"
         gpus = a.gpus if a.gpus is not None else load(a.site).gpus_per_node
         if a.format == "header":
             print(header(a.site, gpus, a.launcher, a.time, a.account, a.test))
@@ -243,7 +286,9 @@ def main(argv=None):
             print(" ".join(shlex.quote(x) for x in args(a.site, gpus, a.launcher, a.time, a.account, a.test)))
         else:
             print(load(a.site).environment)
-    except ProfileError as err:
+    except SystemExit as err:  # ProfileError, also of this module imported anew under -m
+        if not hasattr(err, "message"):
+            raise
         print(err.message, file=__import__("sys").stderr)
         return 2
     return 0

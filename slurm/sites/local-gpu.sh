@@ -1,0 +1,26 @@
+# local-gpu: the test cluster of tests/slurm_cluster.py as a GPU site would look to its jobs:
+# nodes n1 and n2 each declare 2 GPUs to Slurm as generic resources (a count only: no device
+# exists), so a job must ask for them, as on Puhti, Mahti, LUMI or JURECA, or it is refused; the
+# processes then run on the CPU (the device policy finds no CUDA) and the job says so.
+# Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
+SITE_NAME="local test cluster, GPUs counted by Slurm"
+SITE_PARTITION=debug
+SITE_PARTITION_MAX_GPUS=2
+SITE_PARTITION_TEST=debug
+SITE_TEST_MAX_GPUS=4
+SITE_TEST_MAX_MINUTES=15
+# partition=max nodes/max time: the test cluster's two nodes
+SITE_LIMITS="debug=2/1-00:00:00"
+SITE_GPUS_PER_NODE=2
+SITE_GPU_REQUEST="--gpus-per-node={n}"
+SITE_GPUS_COUNTED_ONLY=yes         # Slurm hands out a count; no GPU device exists here
+SITE_CPUS_PER_NODE=2
+SITE_MEM_PER_NODE_GB=7
+SITE_MAX_CPUS_PER_GPU=1
+SITE_MAX_MEM_PER_GPU_GB=3
+SITE_CONTAINER_RUNTIME=apptainer
+
+site_environment() {
+    # the project's Python comes from the submitting shell (venv bin first on PATH)
+    :
+}

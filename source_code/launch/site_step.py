@@ -1,0 +1,125 @@
+"""The site step: one line per shell session, after which every bare `sbatch slurm/<job>.slurm`
+asks for what the site needs.
+
+    eval "$(python -m source_code.launch.site_profiles --site lumi --account project_X --format exports)"
+    eval "$(python -m source_code.launch.site_profiles --site mahti --account project_X \\
+            --reservation course_day1 --format exports)"
+    sbatch slurm/ddp_multinode.slurm          # now on the site's GPU partition, with its GPUs
+
+It prints `export` lines of Slurm's own input variables, which sbatch reads and which win over
+a job script's #SBATCH lines (a flag on the sbatch command line wins over both):
+
+| variable              | sbatch flag        | from                                         |
+|-----------------------|--------------------|----------------------------------------------|
+| SBATCH_ACCOUNT        | --account          | --account (the billing project)              |
+| SBATCH_PARTITION      | --partition        | the profile, the reservation's own, --partition |
+| SBATCH_GPUS_PER_NODE  | --gpus-per-node    | the profile's request (LUMI, the test cluster)  |
+| SBATCH_GRES           | --gres             | the profile's request (Puhti, Mahti, JURECA)    |
+| SBATCH_MEM_PER_GPU    | --mem-per-gpu      | the profile's memory per GPU (not on whole-node sites) |
+| SBATCH_TIMELIMIT      | --time             | --time (else each script's own #SBATCH --time)  |
+| SBATCH_RESERVATION    | --reservation      | --reservation (a course's reserved nodes)       |
+
+and WORKSHOP_SITE, which the job scripts read for the site's module lines and checks. Every
+one of these exists in Slurm 22.05 (the test cluster) and in the sites' newer versions.
+sbatch has no input variable for --nodes, --ntasks-per-node or --cpus-per-task: those stay in
+the job scripts' #SBATCH lines (the node count is what a script is about; one task per node
+with torchrun; the cores a task gets: pass --cpus-per-task=N on the command line for more).
+Variables of an earlier site step that this site does not set are unset, so a shell can move
+from one site's profile to another's.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+
+from source_code.launch.site_profiles import ProfileError, Site, check_limits, load, minutes
+
+VARIABLES = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_GPUS_PER_NODE", "SBATCH_GRES",
+             "SBATCH_MEM_PER_GPU", "SBATCH_TIMELIMIT", "SBATCH_RESERVATION")
+
+
+def gpu_variable(site: Site, per_node: int) -> tuple[str, str] | None:
+    """The profile's GPU request as Slurm's input variable: ('SBATCH_GRES', 'gpu:v100:4')..."""
+    m = re.fullmatch(r"--(gres|gpus-per-node)=(.*)", site.gpu_request.format(n=per_node))
+    if not m:
+        return None
+    return ("SBATCH_GRES" if m.group(1) == "gres" else "SBATCH_GPUS_PER_NODE"), m.group(2)
+
+
+def reservation_partition(name: str) -> str | None:
+    """The partition a reservation was made in, as scontrol shows it (None: none or unknown)."""
+    if not shutil.which("scontrol"):
+        return None
+    res = subprocess.run(["scontrol", "-o", "show", "reservation", name], capture_output=True, text=True)
+    if res.returncode != 0 or "ReservationName=" not in res.stdout:
+        raise ProfileError(f"error: no reservation {name!r} on this cluster (scontrol show reservation "
+                           "lists them); check its name with the course's instructor")
+    m = re.search(r"\bPartitionName=(\S+)", res.stdout)
+    return m.group(1) if m and m.group(1) != "(null)" else None
+
+
+def choose_partition(site: Site, per_node: int, test: bool) -> str:
+    if test:
+        if per_node > site.test_max_gpus:
+            raise ProfileError(f"error: {site.name}'s test partition {site.partition_test} takes at "
+                               f"most {site.test_max_gpus} GPUs; ask for fewer with --gpus-per-node")
+        return site.partition_test
+    if per_node <= site.partition_max_gpus:
+        return site.partition
+    if per_node != site.gpus_per_node:
+        raise ProfileError(f"error: {site.name}'s {site.partition_full_nodes} takes whole nodes of "
+                           f"{site.gpus_per_node} GPUs; use --gpus-per-node {site.partition_max_gpus} "
+                           f"or {site.gpus_per_node}")
+    return site.partition_full_nodes
+
+
+def exports(key: str, account: str | None = None, gpus_per_node: int | None = None,
+            time: str | None = None, reservation: str | None = None, partition: str | None = None,
+            test: bool = False) -> list[tuple[str, str]]:
+    """[(variable, value), ...] for the site step, in the order they are printed."""
+    site = load(key)
+    per = site.gpus_per_node if gpus_per_node is None else gpus_per_node
+    if not 1 <= per <= site.gpus_per_node:
+        raise ProfileError(f"error: --gpus-per-node {per}: {site.name}'s nodes have 1 to "
+                           f"{site.gpus_per_node} GPUs")
+    part = partition or (reservation and reservation_partition(reservation)) \
+        or choose_partition(site, per, test)
+    if time is not None:
+        minutes(time)
+        check_limits(site, part, 1, time)
+        if test and minutes(time) > site.test_max_minutes:
+            raise ProfileError(f"error: {site.name}'s test partition takes at most "
+                               f"{site.test_max_minutes} min; drop --test or ask for less")
+    out = [("WORKSHOP_SITE", key), ("SBATCH_PARTITION", part)]
+    if account:
+        out.append(("SBATCH_ACCOUNT", account))
+    gpu = gpu_variable(site, per)
+    if gpu:
+        out.append(gpu)
+        if site.mem_per_node_gb:
+            out.append(("SBATCH_MEM_PER_GPU", f"{site.mem_per_gpu_gb}G"))
+    if time is not None:
+        out.append(("SBATCH_TIMELIMIT", time))
+    if reservation:
+        out.append(("SBATCH_RESERVATION", reservation))
+    return out
+
+
+def shell_lines(pairs: list[tuple[str, str]]) -> str:
+    """`unset` for this step's variables it does not set, then one `export` per variable."""
+    keys = {k for k, _ in pairs}
+    stale = [v for v in VARIABLES if v not in keys]
+    lines = [f"unset {' '.join(stale)}"] if stale else []
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in pairs]
+    return "\n".join(lines)
+
+
+def summary(pairs: list[tuple[str, str]]) -> str:
+    """What the step did, for the terminal (stderr: eval does not swallow it)."""
+    d = dict(pairs)
+    what = ", ".join(f"{k.removeprefix('SBATCH_').lower()} {v}" for k, v in pairs if k != "WORKSHOP_SITE")
+    hint = "" if "SBATCH_ACCOUNT" in d or d["WORKSHOP_SITE"].startswith("local") else \
+        "; no --account given: sbatch will need one (SBATCH_ACCOUNT)"
+    return f"site {d['WORKSHOP_SITE']} set up for sbatch in this shell: {what}{hint}"
