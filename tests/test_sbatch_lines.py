@@ -1,6 +1,13 @@
 """Every `sbatch ...` line that a notebook or the README prints is submitted to the local Slurm
-cluster and must run (all submitted at once, then each job's end read: the two nodes run two
-one-node jobs side by side).
+cluster, twice, the way a participant on a GPU site types it (all submitted at once, then each
+job's end read: the two nodes run two one-node jobs side by side). The cluster declares GPUs
+(tests/slurm_cluster.py) and the `local-gpu` profile asks for them:
+* after the site step (`eval "$(python -m source_code.launch.site_profiles --site local-gpu
+  --format exports)"`, run here in bash as a participant would), the line must run, and the job
+  must say how many GPUs per node Slurm gave it;
+* without the site step (WORKSHOP_SITE=local-gpu, none of its SBATCH_* variables), a line that
+  runs one of the job scripts must stop in its first second, with exit status 2 and one line
+  that names the site step, before any training.
 
 The lines are collected from the files themselves (markdown and code cells of every notebook,
 the README), so a line added, changed or mistyped there is what runs here. Each is submitted as
@@ -65,6 +72,8 @@ def module_of(env: dict, script: str) -> str:
         return "source_code.mesh.train_2d"
     if script.endswith("capstone.slurm"):   # its own module and sizes (a few steps already)
         return "source_code.capstone.choose"
+    if script.endswith("resilience_torchft.slurm"):   # its own module and sizes
+        return "source_code.resilience.ft_replica"
     return env.get("TRAIN_MODULE", "source_code.training.ddp")
 
 
@@ -88,7 +97,7 @@ def printed_lines() -> dict[str, str]:
 
 def local_form(cmd: str, scratch: Path) -> tuple[dict, list[str], str, list[str]]:
     """(environment, sbatch options, script, script arguments) of ``cmd`` for the test cluster."""
-    cmd = SITE_ARGS.sub(lambda m: " ".join(site_profiles.args("local", min(int(m.group(1)), 4))), cmd)
+    cmd = SITE_ARGS.sub(lambda m: " ".join(site_profiles.args(SITE, min(int(m.group(1)), 4))), cmd)
     cmd = cmd.replace("$SCRATCH", str(scratch))
     words = shlex.split(cmd)
     i = words.index("sbatch")
@@ -113,6 +122,31 @@ def local_form(cmd: str, scratch: Path) -> tuple[dict, list[str], str, list[str]
 
 LINES = printed_lines()
 ENDED: dict[str, dict] = {}  # job id -> its fields once it has ended
+SITE = "local-gpu"
+
+
+def site_step() -> dict:
+    """The variables the site step sets, as `eval "$(...)"` sets them in a participant's bash."""
+    cmd = (f'eval "$({shlex.quote(sys.executable)} -m source_code.launch.site_profiles --site {SITE} '
+           '--format exports)" && env -0')
+    res = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, check=True)
+    after = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)
+    return {k: v for k, v in after.items() if k.startswith(("SBATCH_", "WORKSHOP_SITE"))}
+
+
+def runs_a_job_script(cmd: str) -> bool:
+    return "--wrap" not in cmd
+
+
+# the lines that run a job script and carry no site options of their own: as typed without the
+# site step, they must be refused, unless the script runs on the CPU on purpose
+BARE = [c for c in LINES if runs_a_job_script(c) and not SITE_ARGS.search(c)]
+CPU_ON_PURPOSE = "export WORKSHOP_DEVICE=${WORKSHOP_DEVICE:-cpu}"
+
+
+def on_the_cpu_on_purpose(cmd: str) -> bool:
+    script = next(w for w in shlex.split(cmd) if w.startswith("slurm/"))
+    return CPU_ON_PURPOSE in (ROOT / script).read_text()
 
 
 @pytest.fixture(scope="module")
@@ -131,39 +165,45 @@ def test_the_notebooks_print_sbatch_lines():
 
 @pytest.fixture(scope="module")
 def submitted(cluster, course_data, tmp_path_factory) -> dict:
-    """Every line submitted at once, as a class of participants would: Slurm runs them as its two
-    nodes free up (two one-node jobs side by side), and each test reads its job's end.
-    {command: (job id or None, sbatch's refusal, scratch directory)}."""
+    """Every line submitted at once, both ways, as a class of participants would: Slurm runs them
+    as its two nodes free up, and each test reads its job's end. The refusals go first: they end
+    in a second. {(command, with_site_step): (job id or None, sbatch's refusal, scratch dir)}."""
     out, by_form = {}, {}
     base = tmp_path_factory.mktemp("sbatch-lines")
-    for i, cmd in enumerate(LINES):
+    step = site_step()
+    assert step.get("WORKSHOP_SITE") == SITE and step.get("SBATCH_GPUS_PER_NODE"), step
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "WORKSHOP_SITE"))}
+    ways = [(cmd, False) for cmd in BARE] + [(cmd, True) for cmd in LINES]
+    for i, (cmd, with_step) in enumerate(ways):
         scratch = base / f"line{i:02d}"
         scratch.mkdir()
         env, options, script, args = local_form(cmd, scratch)
         # two lines that differ only in what the test cluster replaces (a site's resources, a
         # GPU size) are one job here: submitted once, read by both
-        form = (tuple(sorted(env.items())), tuple(options),
+        form = (with_step, tuple(sorted(env.items())), tuple(options),
                 Path(script).read_text() if script.startswith(str(scratch)) else script, tuple(args))
         if form in by_form:
-            out[cmd] = out[by_form[form]]
+            out[cmd, with_step] = out[by_form[form]]
             continue
-        by_form[form] = cmd
-        full_env = {**os.environ, "WORKSHOP_SITE": "local", "WORKSHOP_DATA": str(course_data), **env}
+        by_form[form] = (cmd, with_step)
+        full_env = {**plain, "WORKSHOP_DATA": str(course_data), **(step if with_step else {"WORKSHOP_SITE": SITE}),
+                    **env}
+        if not runs_a_job_script(cmd):
+            # a bare command has no profile to say that the test cluster's GPUs are a count only:
+            # the device policy would (rightly) stop at a GPU node whose CUDA cannot start
+            full_env["WORKSHOP_DEVICE"] = "cpu"
         try:
             job_id = jobs.sbatch(script, *args, env=full_env, cwd=ROOT,
                                  sbatch_args=["-o", f"{scratch}/%x-%j.out", *options])
-            out[cmd] = (job_id, "", scratch)
+            out[cmd, with_step] = (job_id, "", scratch)
         except subprocess.CalledProcessError as err:
-            out[cmd] = (None, f"{err.stdout}{err.stderr}", scratch)
+            out[cmd, with_step] = (None, f"{err.stdout}{err.stderr}", scratch)
     yield out
     left = sorted({job_id for job_id, _, _ in out.values() if job_id})
     subprocess.run(["scancel", *left], capture_output=True)
 
 
-@pytest.mark.parametrize("cmd", list(LINES), ids=[f"{w}: {c[:60]}" for c, w in LINES.items()])
-def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
-    job_id, refused, scratch = submitted[cmd]
-    assert job_id, f"{LINES[cmd]}: sbatch refused `{cmd}`: {refused}"
+def ended(job_id: str) -> jobs.Job:
     if job_id not in ENDED:  # a job two lines share is read once (the controller forgets it)
         ENDED[job_id] = jobs.wait(job_id, timeout=900)  # queued behind the lines before it, then run
     info = ENDED[job_id]
@@ -171,12 +211,37 @@ def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
     job = jobs.Job(job_id, info.get("JobState", "?"), info.get("ExitCode", "?"),
                    out.read_text() if out.is_file() else "", 0.0)
     print(f"job {job.id}: {job.state} in {info.get('RunTime', '?')}\n{job.output[-3000:]}")
+    return job
+
+
+@pytest.mark.parametrize("cmd", BARE, ids=[f"{LINES[c]}: {c[:60]}" for c in BARE])
+def test_printed_sbatch_line_without_the_site_step_stops_in_one_line(cmd, submitted):
+    job_id, refused, _ = submitted[cmd, False]
+    assert job_id, f"{LINES[cmd]}: sbatch refused `{cmd}`: {refused}"
+    job = ended(job_id)
+    if on_the_cpu_on_purpose(cmd):   # allowed, and said
+        assert job.ok and "note: WORKSHOP_DEVICE=cpu: the processes run on the CPU on purpose (0 GPU(s)" \
+            in job.output, job.output[-3000:]
+        return
+    lines = job.output.strip().splitlines()
+    assert job.exit_code.startswith("2:") and len(lines) == 1, job.output[-3000:]
+    assert lines[0].startswith(f"error: site {SITE} runs on GPUs but job {job_id} was given none") \
+        and "--format exports" in lines[0], lines
+
+
+@pytest.mark.parametrize("cmd", list(LINES), ids=[f"{w}: {c[:60]}" for c, w in LINES.items()])
+def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
+    job_id, refused, scratch = submitted[cmd, True]
+    assert job_id, f"{LINES[cmd]}: sbatch refused `{cmd}`: {refused}"
+    job = ended(job_id)
     words = [w for token in shlex.split(cmd) for w in token.split()]   # --wrap "..." too
     refusal = next((line for flag, line in NEEDS_GPU.items() if flag in words), None)
     if refusal:  # stopped before any work, in one line that says why
         assert not job.ok and refusal in job.output and "Traceback" not in job.output, job.output[-3000:]
         return
     assert job.ok, f"{LINES[cmd]}: `{cmd}` ended {job.state}\n{job.output[-3000:]}"
+    if runs_a_job_script(cmd):  # the job saw the GPUs the site step asked for
+        assert re.search(r"process\(es\) per task, [1-9]\d* GPU\(s\) per node", job.output), job.output[-3000:]
     env = local_form(cmd, scratch)[0]
     if "TRAIN_MODULE" in env:
         assert f"-m {env['TRAIN_MODULE']}" in job.output, job.output[-3000:]

@@ -152,3 +152,28 @@ def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(su
     assert resumed and resumed[0] == 2, job.output[-3000:]
     summary = parse_summary(job.output[job.output.rindex("summary:"):])
     assert summary["epochs"] == epochs and summary["world_size"] == 2
+
+
+def test_the_site_step_with_a_reservation_submits_into_its_partition_and_nodes(submit):
+    """A course's reservation (made here as an instructor would, in the `course` partition, on
+    n2 only): the site step takes its name, and its partition replaces the profile's `debug`."""
+    name = "workshop_course"
+    subprocess.run(["scontrol", "delete", f"ReservationName={name}"], capture_output=True)
+    subprocess.run(["scontrol", "create", "reservation", f"ReservationName={name}", "Users=root",
+                    "Nodes=n2", "StartTime=now", "Duration=30", "PartitionName=course"], check=True,
+                   capture_output=True)
+    try:
+        cmd = (f'eval "$({sys.executable} -m source_code.launch.site_profiles --site local-gpu '
+               f'--reservation {name} --format exports)" && env -0')
+        res = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, check=True)
+        got = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if kv.startswith("SBATCH_"))
+        assert (got["SBATCH_RESERVATION"], got["SBATCH_PARTITION"]) == (name, "course"), got
+        job = submit("ddp_single_node.slurm", "--epochs", "1", "--max-steps", "2",
+                     env={**got, "WORKSHOP_SITE": "local-gpu"})
+        assert job.ok and re.search(r"^job \d+ on n2: site local-gpu", job.output, re.M), job.output
+        bad = subprocess.run([sys.executable, "-m", "source_code.launch.site_profiles", "--site", "local-gpu",
+                              "--reservation", "no_such_course", "--format", "exports"],
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: no reservation 'no_such_course'")
+    finally:
+        subprocess.run(["scontrol", "delete", f"ReservationName={name}"], capture_output=True)
