@@ -52,10 +52,13 @@ check: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
 	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.readiness $(ARGS)
 
 ## on a machine with internet (a login node): MNIST, CIFAR-10 and WikiText-2 into DATA (default:
-## WORKSHOP_DATA, else data), which the jobs then read offline
+## WORKSHOP_DATA, else data), which the jobs then read offline; PYTHON=python3 with a site's
+## PyTorch module builds no venv; the download's own cache goes to CACHE (default: a temporary
+## directory, removed at the end)
 DATA ?= $(or $(WORKSHOP_DATA),data)
-prepare: venv
-	for d in mnist cifar10 wikitext2; do $(BIN)/python -m source_code.data prepare --data-dir $(DATA) --dataset $$d || exit 1; done
+prepare: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
+	for d in mnist cifar10 wikitext2; do $(PYTHON) -m source_code.data prepare --data-dir $(DATA) \
+		--dataset $$d $(if $(CACHE),--cache-dir $(CACHE)) || exit 1; done
 
 ## a real two-node Slurm cluster on this machine (nodes n1, n2, partition debug, site `local`) to try
 ## the notebooks' sbatch lines; needs root, installs Debian's Slurm packages the first time

@@ -273,8 +273,13 @@ def in_channels(name: str) -> int:
     return 3 if name == "cifar10" else 1
 
 
-def prepare(name: str, data_dir) -> None:
-    """Download ``name`` into ``data_dir`` (needs internet; does nothing when already there)."""
+def prepare(name: str, data_dir, cache_dir=None) -> None:
+    """Download ``name`` into ``data_dir`` (needs internet; does nothing when already there).
+
+    What the download leaves besides the dataset (the Hugging Face hub's files and Arrow
+    tables for WikiText-2) goes to ``cache_dir``, or to a temporary directory removed at the
+    end: never silently into the home directory (small quotas on clusters), never into the
+    shared data directory."""
     data_dir = os.fspath(data_dir)
     if name in EMBEDDED:
         print(f"{name} is generated or shipped with the code: nothing to prepare")
@@ -285,19 +290,26 @@ def prepare(name: str, data_dir) -> None:
         for train in (True, False):
             cls(data_dir, train=train, download=True)
     elif name == "wikitext2":
-        import datasets
-        out = os.path.join(data_dir, WIKI_DIR)
-        os.makedirs(out, exist_ok=True)
-        # "Salesforce/wikitext" is the Hub's current name of the legacy id "wikitext"
-        hub = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1")
-        for split, hub_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
-            path = os.path.join(out, WIKI_FILES[split])
-            with open(path + ".part", "w", encoding="utf-8") as f:  # complete files only
-                f.write("".join(hub[hub_split]["text"]))  # one row per line, newline included
-            os.replace(path + ".part", path)
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="workshop-download-") as tmp:
+            _prepare_wikitext(data_dir, os.fspath(cache_dir or tmp))
     else:
         raise LaunchError(f"error: unknown dataset {name!r}; choose one of {', '.join(PREPARED)}")
     print(f"{name} ready under {data_dir}; read it offline with --data-dir {data_dir}")
+
+
+def _prepare_wikitext(data_dir: str, cache_dir: str) -> None:
+    os.environ["HF_HOME"] = cache_dir  # the hub's downloads too, not only the Arrow tables
+    import datasets
+    out = os.path.join(data_dir, WIKI_DIR)
+    os.makedirs(out, exist_ok=True)
+    # "Salesforce/wikitext" is the Hub's current name of the legacy id "wikitext"
+    hub = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", cache_dir=cache_dir)
+    for split, hub_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
+        path = os.path.join(out, WIKI_FILES[split])
+        with open(path + ".part", "w", encoding="utf-8") as f:  # complete files only
+            f.write("".join(hub[hub_split]["text"]))  # one row per line, newline included
+        os.replace(path + ".part", path)
 
 
 def describe(name: str, data_dir) -> list[str]:
@@ -320,10 +332,13 @@ def main(argv=None):
     p.add_argument("--dataset", default="digits", choices=EMBEDDED + PREPARED)
     p.add_argument("--data-dir", default=None,
                    help="where the datasets go / are read (default: $WORKSHOP_DATA, else data)")
+    p.add_argument("--cache-dir", default=None,
+                   help="prepare: where the download's own cache goes (default: a temporary "
+                        "directory, removed at the end; never the home directory)")
     args = p.parse_args(argv)
     args.data_dir = resolve_dir(args.data_dir)
     if args.command == "prepare":
-        prepare(args.dataset, args.data_dir)
+        prepare(args.dataset, args.data_dir, args.cache_dir)
     else:
         print("\n".join(describe(args.dataset, args.data_dir)))
     return 0

@@ -164,15 +164,23 @@ def test_prepared_wikitext_reads_back_line_for_line(tmp_path, monkeypatch):
     rows = {"train": [" = A = \n", "", " b c a .\n"], "validation": [" a b \n"], "test": [" c \n"]}
     real_load = datasets.load_dataset
 
+    caches = []
+
     def hub(path, *args, **kwargs):  # stands in for the download; everything else is real
         if path != "Salesforce/wikitext":
             return real_load(path, *args, **kwargs)
         assert args == ("wikitext-2-raw-v1",)
+        caches.append((kwargs.get("cache_dir"), os.environ.get("HF_HOME")))
         return {split: {"text": lines} for split, lines in rows.items()}
 
     monkeypatch.setattr(datasets, "load_dataset", hub)
+    monkeypatch.delenv("HF_HOME", raising=False)
     data.char_vocab.cache_clear()
-    data.prepare("wikitext2", tmp_path)
+    data.prepare("wikitext2", tmp_path, cache_dir=tmp_path / "cache")
+    # the download's own cache where the user said, the hub's files too: not in the home directory
+    assert caches == [(str(tmp_path / "cache"),) * 2]
+    data.prepare("wikitext2", tmp_path)   # by default a temporary directory, gone afterwards
+    assert not caches[1][0].startswith(os.path.expanduser("~")) and not os.path.exists(caches[1][0])
     for split, hub_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
         text = "".join(rows[hub_split])
         assert (tmp_path / "wikitext-2-raw" / f"wiki.{split}.raw").read_text() == text
@@ -231,3 +239,12 @@ def test_a_dataset_the_cnn_cannot_take_is_refused_before_any_work(dataset):
     assert res.stderr.count("\n") == 1, res.stderr
     assert f"--model smallcnn cannot train on --dataset {dataset}" in res.stderr
     assert "digits, mnist, cifar10" in res.stderr
+
+
+def test_prepare_uses_the_python_it_is_given_and_builds_no_venv_then(root):
+    """A login node's site PyTorch module: `make prepare PYTHON=python3` must not build the venv."""
+    res = subprocess.run(["make", "-n", "prepare", "PYTHON=python3", "DATA=/course/data", "CACHE=/scratch/c"],
+                         cwd=root, capture_output=True, text=True, check=True)
+    assert "venv" not in res.stdout and "pip" not in res.stdout, res.stdout
+    assert "python3 -m source_code.data prepare --data-dir /course/data" in res.stdout
+    assert "--cache-dir /scratch/c" in res.stdout
