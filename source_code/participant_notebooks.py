@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import re
 from pathlib import Path
 
 from source_code.cli import Parser
@@ -96,8 +98,17 @@ def build(out: Path, sources: Path = NOTEBOOKS) -> list[str]:
         lines.append(f"{path.name}: {cleared} exercise cell(s) cleared, {dropped} cell(s) left to the instructor's copy")
     for name in ALSO:
         if (sources / name).exists():
-            (out / name).write_text((sources / name).read_text())
+            (out / name).write_text(relink((sources / name).read_text(), sources, out))
     return lines
+
+
+def relink(markdown: str, source_dir: Path, out: Path) -> str:
+    """Links that leave the notebooks' folder (`../README.md`) rewritten to reach the same file
+    from ``out``, wherever the set is put (a course's shared folder, a home directory)."""
+    def fix(m):
+        target = (source_dir / m.group(1)).resolve()
+        return f"]({os.path.relpath(target, out.resolve())}{m.group(2) or ''})"
+    return re.sub(r"\]\((\.\./[^)#\s]+)(#[^)\s]*)?\)", fix, markdown)
 
 
 def main(argv=None) -> None:
