@@ -50,11 +50,18 @@ def inside(job_id: str, *command: str) -> str:
     return _run(["srun", "--overlap", f"--jobid={job_id}", "--ntasks=1", "--nodes=1", *command])
 
 
-def processes_inside(job_id: str, pattern: str) -> list[str]:
-    """The command lines matching ``pattern`` that run on the job's first node."""
-    done = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", "--ntasks=1", "--nodes=1",
-                           "pgrep", "-af", pattern], capture_output=True, text=True, timeout=60)
-    return [ln for ln in done.stdout.splitlines() if "pgrep" not in ln]
+def processes_inside(job_id: str, pattern: str, at_least: int = 0, timeout: float = 60) -> list[str]:
+    """The command lines matching ``pattern`` that run on the job's first node. ``at_least``:
+    look again until that many run (a job that has just turned RUNNING may not have started its
+    program yet), for at most ``timeout`` seconds; then return what is there."""
+    start = time.time()
+    while True:
+        done = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", "--ntasks=1", "--nodes=1",
+                               "pgrep", "-af", pattern], capture_output=True, text=True, timeout=60)
+        found = [ln for ln in done.stdout.splitlines() if "pgrep" not in ln]
+        if len(found) >= at_least or time.time() - start > timeout:
+            return found
+        time.sleep(0.5)
 
 
 def cancel(job_id: str, timeout: float = 60) -> dict:
