@@ -1,7 +1,8 @@
-"""Notebook 13's other families and the overlap condition, single-process: the rates agree with
-the links of notebook 18 (one datasheet, two places), the threshold is the root it claims, the
-head-count refusal names the fix, and on a one-process group every family is full attention
-with its gradients. The parity on 2 and 4 processes runs once, in notebook 13."""
+"""Notebook 13's other families and the overlap condition: the rates agree with the links of
+notebook 18 (one datasheet, two places), the threshold is the root it claims, the head-count
+refusal names the fix, on a one-process group every family is full attention with its
+gradients, and on 3 processes every family equals full attention in bf16, fp32 and fp64, each
+dtype within its own tolerance. The fp32 parity on 2 and 4 processes runs in notebook 13."""
 import math
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from source_code.context_parallel import costs, families, overlap
+from source_code.context_parallel import costs, families, family_check, harness, overlap, partial
+from source_code.context_parallel.ring import ring_attention
 from source_code.less_communication import links
 
 
@@ -74,3 +76,39 @@ def test_unknown_family_is_refused(one_process_group):
     x = torch.zeros(1, 2, 4, 4)
     with pytest.raises(ValueError, match="family must be one of"):
         families.attention("tree", x, x, x)
+
+
+def test_every_family_equals_full_attention_in_bf16_fp32_and_fp64():
+    """3 ranks: an odd count, and three contributions in every dK/dV sum the ring carries."""
+    from source_code.processes import spawn
+    shape = family_check.family_shape(harness.Shape(), 3)
+    per_rank = spawn(family_check.dtype_parity, 3, shape, timeout=240, stream=False, device="cpu")
+    for rank, rows in enumerate(per_rank):
+        assert len(rows) == 3 * 2 * len(families.FAMILIES) * 2, len(rows)
+        for row in rows:
+            case = (rank, row["dtype"], row["family"], row["layout"], row["causal"])
+            assert set(row["dtypes"].values()) == {row["dtype"]}, (case, row["dtypes"])
+            for key, d in row["diffs"].items():
+                assert d <= row["tols"][key], (case, key, d, row["tols"][key])
+
+
+class Fp32Contributions:
+    """The block attention with its dK/dV contributions rounded to fp32: what the ring did when
+    it summed them in fp32 whatever the inputs' dtype."""
+    attend = staticmethod(partial.attend)
+
+    @staticmethod
+    def attend_backward(*args):
+        dq, dk, dv = partial.attend_backward(*args)
+        return dq, dk.float().to(dk.dtype), dv.float().to(dv.dtype)
+
+
+def test_fp64_tolerance_sees_gradients_rounded_to_fp32(one_process_group):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, 8, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    ref = harness.full_attention(q, k, v, dout, True)
+    for kernel, ok in ((partial, True), (Fp32Contributions, False)):
+        local = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ring_attention(*local, causal=True, layout="zigzag", kernel=kernel).backward(dout)
+        d = harness.max_diff(local[1].grad, ref["dk"])
+        assert (d <= harness.tolerance(torch.float64, ref["dk"])) == ok, (kernel, d)

@@ -2,8 +2,8 @@
 
 Ring attention over n ranks, one attention layer, M = bytes of one rank's K (= of its V):
 b x h_kv x t/n x d x itemsize, and G = the bytes of its dK (= dV) as the ring sends them:
-the dK/dV sums travel in fp32 whatever the activations' dtype (ring.py), so G = 2M for bf16
-activations and G = M in fp32.
+the dK/dV sums travel in the wider of fp32 and the activations' dtype (ring.py), so G = 2M for
+bf16 activations and G = M in fp32 (and in fp64).
 
     forward:   n-1 hops of K and V                   (n-1) x 2M
     backward:  n-1 hops of K and V, n hops of dK/dV  (n-1) x 2M + n x 2G

@@ -13,6 +13,9 @@ on one process (harness.full_attention). Measured from outside the lesson code:
   left out of the count (``mask_free``): a GPU kernel builds it from the positions, the CPU
   one is handed it as a (t/n x t) tensor;
 * what Ulysses says when the heads do not split over the ranks.
+
+``dtype_parity`` runs the same comparison in bf16, fp32 and fp64 against full attention in fp64
+on the same (rounded) inputs, each dtype with its own tolerance (harness.tolerance).
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import torch.distributed as dist
 
 from source_code.context_parallel import families
 from source_code.context_parallel import layout as lay
-from source_code.context_parallel.harness import Shape, full_attention, inputs, max_diff, measured_run, say
+from source_code.context_parallel.harness import (Shape, full_attention, inputs, max_diff, measured_run, say,
+                                                 tolerance)
 from source_code.distributed import context
 from source_code.measure import CommCounter
 from source_code.memory.saved import SavedTensors
@@ -79,6 +83,28 @@ def parity(shape: Shape = Shape(), verbose: bool = False) -> list[dict]:
                              "max_diff": max(diffs.values()), "sent": sent})
         say(f"ring, all-gather, Ulysses, causal={causal}: largest |diff| from full attention "
             f"{max(x['max_diff'] for x in rows if x['causal'] == causal):.1e}", verbose)
+    return rows
+
+
+def dtype_parity(shape: Shape = Shape(), dtypes=(torch.bfloat16, torch.float32, torch.float64)) -> list[dict]:
+    """Every family, layout and mask in each of ``dtypes``: {dtype, family, layout, causal,
+    diffs, tols} with the largest |diff| of the output and each gradient from fp64 full
+    attention on the same inputs, and the tolerance of each (this rank's tokens)."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for dtype in dtypes:
+        q, k, v, dout = inputs(shape, context().device, dtype=dtype)
+        for causal in (True, False):
+            ref = full_attention(*(t.double() for t in (q, k, v, dout)), causal)
+            for layout in lay.LAYOUTS:
+                for family in families.FAMILIES:
+                    out, grads, _ = _run(family, q, k, v, dout, layout, causal)
+                    got = dict(zip(("out", "dq", "dk", "dv"), [out, *grads]))
+                    mine = {key: lay.shard(ref[key], r, n, layout) for key in got}
+                    rows.append({"dtype": str(dtype).split(".")[-1], "family": family, "layout": layout,
+                                 "causal": causal, "dtypes": {key: str(g.dtype).split(".")[-1] for key, g in got.items()},
+                                 "diffs": {key: max_diff(got[key], mine[key]) for key in got},
+                                 "tols": {key: tolerance(dtype, ref[key]) for key in got}})
     return rows
 
 

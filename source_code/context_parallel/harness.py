@@ -54,6 +54,18 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
+# |diff| from full attention in fp64 on the same inputs, in units of the dtype's eps x the largest
+# |value| of the compared tensor. bf16: computed in fp32 and rounded once at the end (ring.py; SDPA
+# and the collectives likewise), so about eps / 2; fp32 and fp64: rounding accumulates over the
+# sums of a score row and of the blocks (one-process SDPA itself reaches about 7 eps in fp32)
+TOLERANCE_EPS = {torch.bfloat16: 2, torch.float32: 32, torch.float64: 32}
+
+
+def tolerance(dtype: torch.dtype, reference: torch.Tensor) -> float:
+    """The largest |diff| allowed from ``reference`` (fp64) for results computed in ``dtype``."""
+    return TOLERANCE_EPS[dtype] * torch.finfo(dtype).eps * reference.abs().max().item()
+
+
 def measured_run(q, k, v, dout, layout: str, causal: bool, overlap: bool = True, count: bool = False):
     """Ring attention forward + backward on this rank's tokens with a Probe around it:
     (output, grads of q, k, v, the probe)."""

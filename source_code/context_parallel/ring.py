@@ -13,9 +13,12 @@ Forward, on rank r of n (step s holds the K/V of rank (r - s) mod n):
 
 Backward passes K/V around the ring once more, and with it the gradients dK/dV of the block:
 each rank adds its contribution to the block's dK/dV and sends the sum on; after n hops the
-sum arrives at the block's owner. dQ stays local. The dK/dV sums are kept and sent in fp32
-whatever the inputs' dtype (a bf16 sum of n contributions would lose digits at every hop), as
-torch's context_parallel and ring-flash-attention do; they are cast back at the end. Both
+sum arrives at the block's owner. dQ stays local. Every block is computed, merged and summed
+in the wider of fp32 and the inputs' dtype (``wide``): the running output and lse, dQ, and the
+dK/dV sums that travel (a bf16 sum of n contributions would lose digits at every hop; an fp64
+one rounded to fp32 would lose half of fp64's), as flash attention computes a bf16 block in
+fp32 and torch's context_parallel accumulates in fp32. K and V travel in the inputs' dtype;
+the results are cast back to it at the end. Both
 directions overlap the transfer with the compute (``overlap=False`` waits for each transfer
 before computing, to measure what the overlap hides).
 
@@ -53,19 +56,20 @@ class RingAttention(torch.autograd.Function):
         r, n = ring.rank, ring.world
         nchunks = len(chunk_ids(r, n, layout))
         size, scale = q.shape[2] // nchunks, 1.0 / math.sqrt(q.shape[-1])
-        qs = q.split(size, dim=2)
+        wide = torch.promote_types(q.dtype, torch.float32)     # computed and merged in this dtype
+        qs = q.to(wide).split(size, dim=2)
         acc = [(None, None)] * nchunks                         # running (out, lse) per query chunk
         kv = torch.stack([k, v])                               # (2, b, h, t/n, d): one message
         for step in range(n):
             src = (r - step) % n
             pending = ring.exchange(kv, "kv") if overlap and step < n - 1 else None
-            ks, vs = kv[0].split(size, dim=2), kv[1].split(size, dim=2)
+            ks, vs = kv[0].to(wide).split(size, dim=2), kv[1].to(wide).split(size, dim=2)
             for i, j, diagonal in blocks(r, src, n, layout, causal):
                 out_ij, lse_ij = kernel.attend(qs[i], ks[j], vs[j], scale, diagonal)
                 acc[i] = merge(*acc[i], out_ij, lse_ij)
             if step < n - 1:
                 kv = (pending or ring.exchange(kv, "kv")).wait()
-        out = torch.cat([o for o, _ in acc], dim=2)
+        out = torch.cat([o for o, _ in acc], dim=2).to(q.dtype)
         lse = torch.cat([lse_i for _, lse_i in acc], dim=2)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.layout, ctx.ring, ctx.overlap, ctx.kernel = causal, layout, ring, overlap, kernel
@@ -78,16 +82,17 @@ class RingAttention(torch.autograd.Function):
         r, n = ring.rank, ring.world
         nchunks = len(chunk_ids(r, n, layout))
         size, scale = q.shape[2] // nchunks, 1.0 / math.sqrt(q.shape[-1])
-        qs, outs, lses = q.split(size, 2), out.split(size, 2), lse.split(size, 2)
-        douts = dout.contiguous().split(size, 2)
-        dq = torch.zeros_like(q)
+        wide = lse.dtype                                        # the forward's: fp32, or fp64 inputs'
+        qs, outs, lses = q.to(wide).split(size, 2), out.to(wide).split(size, 2), lse.split(size, 2)
+        douts = dout.to(wide).contiguous().split(size, 2)
+        dq = torch.zeros_like(q, dtype=wide)
         dqs = dq.split(size, 2)                                 # views: adding into them fills dq
         kv, incoming = torch.stack([k, v]), None
         for step in range(n):
             src = (r - step) % n
             pending = ring.exchange(kv, "kv") if overlap and step < n - 1 else None
-            ks, vs = kv[0].split(size, 2), kv[1].split(size, 2)
-            part = torch.zeros_like(kv, dtype=torch.float32)    # my share of dK/dV of src's block
+            ks, vs = kv[0].to(wide).split(size, 2), kv[1].to(wide).split(size, 2)
+            part = torch.zeros_like(kv, dtype=wide)             # my share of dK/dV of src's block
             dks, dvs = part[0].split(size, 2), part[1].split(size, 2)
             for i, j, diagonal in blocks(r, src, n, layout, causal):
                 dq_ij, dk_ij, dv_ij = kernel.attend_backward(qs[i], ks[j], vs[j], outs[i], lses[i],
@@ -103,7 +108,7 @@ class RingAttention(torch.autograd.Function):
             if step < n - 1:
                 kv = (pending or ring.exchange(kv, "kv")).wait()
         dkv = (incoming.wait() if n > 1 else dkv).to(k.dtype)   # after n hops: my own block's sum
-        return dq, dkv[0], dkv[1], None, None, None, None, None
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None, None, None
 
 
 def ring_attention(q, k, v, causal: bool = True, layout: str = "zigzag", ring: Ring | None = None,
