@@ -106,7 +106,10 @@ def local_form(cmd: str, scratch: Path) -> tuple[dict, list[str], str, list[str]
     if "--wrap" in rest:  # the wrapped command, as the job script sbatch would write for it
         j = rest.index("--wrap")
         wrapped = scratch / "wrapped.sh"
-        wrapped.write_text(f"#!/bin/bash\ncd {shlex.quote(str(scratch))}\n{rest[j + 1]}\n")
+        # the test cluster's GPUs are a count only: a command that asks for the GPUs it is given
+        # (--device auto) would rightly stop at a node whose CUDA cannot start; here it runs on CPU
+        command = rest[j + 1].replace("--device auto", "--device cpu")
+        wrapped.write_text(f"#!/bin/bash\ncd {shlex.quote(str(scratch))}\n{command}\n")
         return env, rest[:j], str(wrapped), []
     j = next(k for k, w in enumerate(rest) if w.startswith("slurm/"))
     args = rest[j + 1:]

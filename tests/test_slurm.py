@@ -131,18 +131,20 @@ def test_fault_tolerant_main_job_restarts_and_resumes(submit, tmp_path):
 
 
 def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(submit, tmp_path):
-    # 1-minute limit, USR1 40 s before it: an early USR1 (Slurm's timer may send it up to a minute
-    # early; a requeued run gets a stale one at its start) arms a timer for 40 s before the limit;
-    # the trap waits for the epoch in progress to be saved, then requeues: same id, same log
-    # (--open-mode=append). The first run trains 2 epochs and then waits until the trap stops it
-    # (source_code.launch.requeue_drill): the job is certainly still running when the warning
-    # comes, on a fast machine or a slow one; the next run resumes after epoch 2 and ends.
+    # 1-minute limit, USR1 15 s before it: an early USR1 (Slurm's timer may send it up to a minute
+    # early; a requeued run gets a stale one at its start) arms a timer for 15 s before the limit,
+    # so every run is stopped 45 s after it starts; the trap waits 3 s for the epoch in progress
+    # to be saved, then requeues: same id, same log (--open-mode=append). The first run trains 2
+    # epochs and then waits until the trap stops it (source_code.launch.requeue_drill): it is
+    # certainly still running when the warning comes, on a fast machine or a slow one (45 s for
+    # a start and 2 one-step epochs: about 15 s on a busy 2-core machine); the next run resumes
+    # after epoch 2 and ends.
     ckpt, epochs = tmp_path / "snap.pt", 6
     job = submit("ddp_fault_tolerant.slurm", "--epochs", str(epochs), "--max-steps", "1",
                  "--hold-after-epoch", "2",
                  env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "3",
-                      "REQUEUE_LEAD": "40", "TRAIN_MODULE": "source_code.launch.requeue_drill"},
-                 sbatch_args=["--time=1", "--signal=B:USR1@40"], timeout=900)
+                      "REQUEUE_LEAD": "15", "TRAIN_MODULE": "source_code.launch.requeue_drill"},
+                 sbatch_args=["--time=1", "--signal=B:USR1@15"], timeout=900)
     assert job.ok, job.output
     assert "holding after epoch 2: this run waits until the job stops it" in job.output
     assert job.restarts >= 1 and "run 2 of job" in job.output
