@@ -30,9 +30,12 @@ venv: $(BIN)/.installed
 run: venv
 	$(BIN)/torchrun --standalone --nproc-per-node=$(NPROC) -m source_code.training.ddp $(ARGS)
 
-## the whole suite: unit, parity, fault, Slurm and every notebook (nbval)
+## the whole suite: unit, parity, fault, Slurm and every notebook (nbval), in TEST_WORKERS
+## processes (pytest-xdist; one file to a worker at a time: a notebook's cells stay in order)
+TEST_WORKERS ?= 2
 test: venv
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder $(PYTEST_ARGS)
 
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)
 gpu-smoke: $(if $(filter $(BIN)/python,$(PYTHON)),venv)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,59 @@ try:
     import psutil
 except ImportError:  # the report then counts the pytest process and what it reaped only
     psutil = None
+
+# ------------------------------------------------------------------------- the order of the work
+def _stored_run_seconds(path: Path) -> float:
+    """What a notebook's stored cells took when it was last executed."""
+    total = 0.0
+    for cell in json.loads(path.read_text()).get("cells", []):
+        ex = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in ex and "shell.execute_reply" in ex:
+            t0, t1 = (datetime.fromisoformat(ex[k].rstrip("Z")) for k in ("iopub.execute_input", "shell.execute_reply"))
+            total += (t1 - t0).total_seconds()
+    return total
+
+
+def _uses_the_cluster(item) -> bool:
+    return bool(item.get_closest_marker("slurm")) or "cluster" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Longest work first, so that parallel workers (make test: pytest-xdist, one file to a
+    worker at a time) end together: the files that submit Slurm jobs (mostly waiting for the
+    cluster, whose jobs meanwhile use the cores), then the notebooks by their stored run time,
+    then the other test files. Each file's tests keep their order."""
+    files: dict[str, tuple] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        rank = files.get(path, (2, 0.0))
+        if _uses_the_cluster(item):
+            rank = (0, 0.0)
+        elif path.endswith(".ipynb"):
+            rank = (1, -_stored_run_seconds(Path(str(item.fspath))))
+        files[path] = min(rank, files.get(path, rank))
+    items.sort(key=lambda item: files[item.nodeid.split("::")[0]])
+
+
+# Notebook 06 submits jobs to the local cluster when one runs (and says it skipped otherwise): in
+# the suite it gets one, as the Slurm tests do, whichever worker runs it and whenever.
+_CLUSTER_HELD = []
+
+
+def pytest_runtest_setup(item):
+    if item.nodeid.startswith("notebooks/06_") and not _CLUSTER_HELD:
+        sys.path.insert(0, str(Path(__file__).parent / "tests"))
+        import slurm_cluster
+        if slurm_cluster.why_not_possible() is None:
+            _CLUSTER_HELD.append(slurm_cluster.acquire())
+
+
+def pytest_sessionfinish(session):
+    if _CLUSTER_HELD:
+        import slurm_cluster
+        slurm_cluster.release(_CLUSTER_HELD.pop())
+
 
 # --------------------------------------------------------------- where the suite's time went
 NOTEBOOK_BUDGET_S = 120  # design.md: every notebook under 2 minutes on 2 CPU cores
@@ -29,7 +85,11 @@ _START = pytest.StashKey[float]()
 def _tree_seconds(proc) -> float:
     """CPU seconds of ``proc``, of the children it reaped and of its live descendants."""
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:   # it ended meanwhile
+        return 0.0
+    for p in tree:
         try:
             t = p.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
