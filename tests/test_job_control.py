@@ -23,3 +23,48 @@ def test_processes_inside_returns_what_is_there_after_its_timeout(monkeypatch):
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
     monkeypatch.setattr(job_control.time, "sleep", lambda s: None)
     assert job_control.processes_inside("7", "x", at_least=1, timeout=0) == []
+
+
+class _Clock:
+    """time.time and time.sleep of a fake world: every sleep advances the clock."""
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s
+
+
+def _fake_jobs(monkeypatch, states):
+    from source_code.launch import jobs
+    clock, answers = _Clock(), iter(states)
+    monkeypatch.setattr(jobs, "time", clock)
+    monkeypatch.setattr(jobs, "job_info", lambda job_id: next(answers))
+    monkeypatch.setattr(jobs.subprocess, "run", lambda *a, **kw: None)
+    return jobs, clock
+
+
+def test_waiting_behind_other_jobs_is_not_counted_against_the_jobs_timeout(monkeypatch):
+    queued = [{"JobState": "PENDING", "Reason": "Resources"}] * 1000   # 500 s behind others
+    running = [{"JobState": "RUNNING", "Reason": "None"}] * 100        # 50 s of its own
+    jobs, clock = _fake_jobs(monkeypatch, queued + running + [{"JobState": "COMPLETED"}])
+    assert jobs.wait("7", timeout=60)["JobState"] == "COMPLETED" and clock.now > 500
+
+
+def test_a_job_that_runs_past_its_timeout_is_cancelled_and_named(monkeypatch):
+    import pytest
+    queued = [{"JobState": "PENDING", "Reason": "Priority"}] * 100
+    jobs, clock = _fake_jobs(monkeypatch, queued + [{"JobState": "RUNNING"}] * 10_000)
+    with pytest.raises(TimeoutError, match=r"job 7 still RUNNING after 3\d s of its own time"):
+        jobs.wait("7", timeout=30)
+    assert 75 < clock.now < 85
+
+
+def test_a_job_pending_for_a_reason_that_never_clears_counts_from_submission(monkeypatch):
+    import pytest
+    jobs, clock = _fake_jobs(monkeypatch, [{"JobState": "PENDING", "Reason": "PartitionNodeLimit"}] * 10_000)
+    with pytest.raises(TimeoutError, match="still PENDING"):
+        jobs.wait("7", timeout=30)
+    assert clock.now < 35
