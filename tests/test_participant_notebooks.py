@@ -59,6 +59,21 @@ def test_a_notebook_of_the_set_runs_top_to_bottom(built):
     assert "exercise not done yet" in printed   # the learner's TODO, as a participant meets it
 
 
+def test_notebooks_find_the_repository_from_the_package_not_from_their_folder(built):
+    """The set may live anywhere (a course's shared folder): a notebook that needs the
+    repository's files (the job scripts) finds them from where source_code is installed."""
+    out, _ = built
+    uses = [(p.name, i) for p in sorted(pn.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+            for i, c in enumerate(json.loads(p.read_text())["cells"])
+            if c["cell_type"] == "code" and re.search(r"Path\(\s*['\"]\.\.['\"]\s*\)", "".join(c["source"]))]
+    assert not uses, f"cells that take the repository to be the notebooks' parent folder: {uses}"
+    setup = nbformat.read(out / "06_launching.ipynb", as_version=4).cells[1]
+    assert "ROOT =" in setup.source
+    nb = nbformat.v4.new_notebook(cells=[setup, nbformat.v4.new_code_cell(
+        "assert (ROOT / 'slurm' / 'common.sh').is_file() and Path.cwd() != ROOT / 'notebooks', ROOT")])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(out)}}).execute()
+
+
 def test_an_existing_folder_is_never_written_into(built):
     out, _ = built
     with pytest.raises(LaunchError, match="exists; choose another --out"):
