@@ -1,11 +1,14 @@
-"""Notebook 09's FSDP-by-hand exercise: the check passes the reference and names each typical
-wrong answer in one line (all functions run in one group of 3 processes)."""
+"""Notebook 09's FSDP-by-hand exercises: each check passes the reference and names each typical
+wrong answer in its own line (every function of both exercises runs in one group of 3
+processes)."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from source_code.sharding.own_fsdp_exercise import ExerciseFailed, check_reduce_grad, verdicts
-from source_code.solutions.nb09_own_fsdp import reduce_grad
+from source_code.sharding.own_fsdp_exercise import (ExerciseFailed, all_verdicts, check_both,
+                                                    check_reduce_grad, check_zero3_core)
+from source_code.sharding.own_fsdp_core_exercise import free_storage, gather
+from source_code.solutions.nb09_own_fsdp import after_forward, reduce_grad, unshard
 
 
 def all_reduce_then_slice(flat_grad):
@@ -56,30 +59,84 @@ def garbage_padding(flat_grad):
     return mine / world
 
 
-WRONG = [(all_reduce_then_slice, "twice the bytes"), (no_padding, "not a multiple of 3"),
-         (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
-         (garbage_padding, "must be zeros")]
+WRONG_REDUCE = [(all_reduce_then_slice, "twice the bytes"), (no_padding, "not a multiple of 3"),
+                (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
+                (garbage_padding, "must be zeros")]
 
 
-def test_reference_and_wrong_answers_in_one_group():
-    got = verdicts([reduce_grad] + [fn for fn, _ in WRONG], world_size=3)
-    assert got[0] is None, got[0]
-    for (fn, says), verdict in zip(WRONG, got[1:]):
+# the ZeRO-3 core: the unit's two forward hooks
+def frees_before_computing(unit):
+    gather(unit)
+    free_storage(unit.full)
+
+
+def gathers_nothing(unit):
+    pass
+
+
+def keeps_them(unit, out):
+    return out
+
+
+def never_regathers(unit, out):
+    free_storage(unit.full)
+    return out
+
+
+def regathers_with_the_gradient(unit, out):      # after the unit's backward has read them
+    free_storage(unit.full)
+    unit.full.register_post_accumulate_grad_hook(lambda full: gather(unit))
+    return out
+
+
+def regathers_after_the_module(unit, out):       # a module backward hook: after its backward
+    free_storage(unit.full)
+    unit.module.register_full_backward_hook(lambda module, grad_in, grad_out: gather(unit))
+    return out
+
+
+def regathers_at_once(unit, out):                # whole from forward to backward
+    free_storage(unit.full)
+    gather(unit)
+    return out
+
+
+WRONG_CORE = [((frees_before_computing, after_forward), "freed it before the unit used it"),
+              ((gathers_nothing, after_forward), "with nothing gathered"),
+              ((unshard, keeps_them), "still holds its full parameters after its forward"),
+              ((unshard, never_regathers), "nothing gathered them again"),
+              ((unshard, regathers_with_the_gradient), "only after its backward had read"),
+              ((unshard, regathers_after_the_module), "only after its backward had read"),
+              ((unshard, regathers_at_once), "still holds its full parameters after its forward")]
+
+
+def test_references_and_wrong_answers_in_one_group():
+    got_reduce, got_core = all_verdicts([reduce_grad] + [fn for fn, _ in WRONG_REDUCE],
+                                        [(unshard, after_forward)] + [pair for pair, _ in WRONG_CORE],
+                                        world_size=3)
+    assert got_reduce[0] is None and got_core[0] is None, (got_reduce[0], got_core[0])
+    for (fn, says), verdict in zip(WRONG_REDUCE, got_reduce[1:]):
         assert verdict and says in verdict and "\n" not in verdict, (fn.__name__, verdict)
+    for ((a, b), says), verdict in zip(WRONG_CORE, got_core[1:]):
+        assert verdict and says in verdict and "\n" not in verdict, (a.__name__, b.__name__, verdict)
 
 
-def test_one_line_for_a_wrong_answer_and_for_the_reference(capsys):
+def test_one_line_for_a_todo(capsys):
     def reduce_grad_todo(flat_grad):
         raise NotImplementedError
+
+    def after_forward_todo(unit, out):
+        raise NotImplementedError
     assert check_reduce_grad(reduce_grad_todo) is False
-    out = capsys.readouterr().out
-    assert out.startswith("not done yet") and out.count("\n") == 1
+    assert check_zero3_core(unshard, after_forward_todo) is False
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.startswith("not done yet") for line in out), out
     with pytest.raises(ExerciseFailed):
         check_reduce_grad(reduce_grad_todo, strict=True, quiet=True)
     assert capsys.readouterr().out == ""
 
 
-def test_reference_on_two_ranks_prints_one_line(capsys):
-    assert check_reduce_grad(reduce_grad, world_size=2)
-    out = capsys.readouterr().out
-    assert out.startswith("correct") and out.count("\n") == 1
+def test_references_on_two_ranks_print_one_line_each(capsys):
+    assert check_both(reduce_grad, unshard, after_forward, world_size=2)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.startswith("correct") for line in out), out

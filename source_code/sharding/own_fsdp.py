@@ -21,14 +21,23 @@ A step, per unit:
   autograd saved for backward point at that storage and see nothing until it is refilled);
 * backward, before the unit's own backward (a hook on the unit's output gradient): all-gather
   again into the same storage, so what autograd saved reads the parameters again;
-* when the full buffer's gradient is complete (post-accumulate-grad hook): reduce-scatter it,
-  keep this rank's (c,) chunk of the mean as the shard's gradient, free the full gradient and
-  the full buffer;
+* when the full buffer's gradient is complete (post-accumulate-grad hook): free the full
+  parameters and *issue* the reduce-scatter of the full gradient (``async_op=True``) without
+  waiting: the backward of the units before it computes while the gradient travels;
+* at most one reduce-scatter is in flight (``Reductions.limit``): a unit about to issue one first
+  waits for the previous one, keeps that unit's (c,) chunk of the mean as its shard's gradient and
+  lets go of its full gradient (the collective's input, alive until then). The last one is waited
+  for once, after the whole backward, in a callback queued on autograd's engine. FSDP2 does the
+  same: one reduce-scatter input kept in flight by default (``set_reduce_scatter_max_input_buffers``
+  in torch 2.14), the rest waited for in the root's post-backward callback. ``limit=None`` waits
+  for all of them only after backward, as a DDP by hand does (CS336's
+  ``finish_gradient_synchronization``): every unit's full gradient then lives until the end;
 * the optimizer (any torch optimizer) steps on the shards only: AdamW's state is (c,) a unit.
 
 Not sharded: the LayerNorm weights and biases (norm1, norm2 of every block, the final norm).
 They stay whole on every rank, as DDP keeps them, and their gradients are all-reduced
-(averaged) as soon as each is ready; they are 2 x dim numbers each, under 1 % of the model.
+(averaged, waited for at once) as soon as each is ready; they are 2 x dim numbers each, under
+1 % of the model.
 
 ``full_state_dict`` gathers every unit's shards into full tensors under the model's own
 parameter names, for saving or comparing.
@@ -54,10 +63,34 @@ def alloc_storage(t: torch.Tensor) -> None:
     t.untyped_storage().resize_(t.numel() * t.element_size())
 
 
+class Reductions:
+    """The reduce-scatters in flight of one model's units, oldest first: at most ``limit`` (None:
+    no limit); the rest are finished once, when autograd's engine has run the whole backward."""
+
+    def __init__(self, limit: int | None = 1):
+        self.limit, self.units, self.callback_queued = limit, [], False
+
+    def add(self, unit: "Unit") -> None:
+        """``unit`` is about to issue its reduce-scatter: make room for it."""
+        if not self.callback_queued:          # the first of this backward: finish the rest at its end
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_all)
+            self.callback_queued = True
+        while self.limit is not None and len(self.units) >= self.limit:
+            self.units.pop(0).finish_reduce()
+        self.units.append(unit)
+
+    def finish_all(self) -> None:
+        while self.units:
+            self.units.pop(0).finish_reduce()
+        self.callback_queued = False
+
+
 class Unit:
     """One sharded unit: ``module``'s parameters (those outside REPLICATED submodules) as a flat
     padded shard ``self.shard`` (c,), a full buffer ``self.full`` (N * c,) that holds memory only
     while the unit computes, and the hooks that gather, free and reduce-scatter."""
+
+    param_dtype = None        # dtype of the full buffer (the gathered parameters); None: the shard's
 
     def __init__(self, name: str, module: nn.Module, world: int, rank: int):
         self.name, self.module, self.world, self.rank = name, module, world, rank
@@ -81,13 +114,15 @@ class Unit:
         self.shard = nn.Parameter(flat[rank * c:(rank + 1) * c].clone())  # (c,) the only copy
         module.register_parameter("flat_shard", self.shard)    # model.parameters() sees it
         # (N * c,) leaf: the views' gradients add up in full.grad; memory only while in use
-        self.full = torch.empty(flat.numel(), dtype=flat.dtype, device=flat.device,
+        self.full = torch.empty(flat.numel(), dtype=self.param_dtype or flat.dtype, device=flat.device,
                                 requires_grad=True)
         free_storage(self.full)
         del flat, flats
-        self.hooks = [module.register_forward_pre_hook(lambda m, args: self.unshard()),
-                      module.register_forward_hook(lambda m, args, out: self.after_forward(out)),
-                      self.full.register_post_accumulate_grad_hook(lambda full: self.reduce_grad())]
+        self.reductions = Reductions()     # shard_by_hand shares one among a model's units
+        self.reducing = None               # (Work, my chunk (c,), full gradient) while in flight
+        self.hooks = {"forward_pre": module.register_forward_pre_hook(lambda m, args: self.unshard()),
+                      "forward": module.register_forward_hook(lambda m, args, out: self.after_forward(out)),
+                      "full_grad": self.full.register_post_accumulate_grad_hook(lambda full: self.reduce_grad())}
 
     # ------------------------------------------------------------------ the algorithm
     def gather(self) -> None:
@@ -115,11 +150,25 @@ class Unit:
         self.gather()
 
     def reduce_grad(self) -> None:
-        """The full gradient is complete: reduce-scatter it, keep my chunk, free the rest."""
-        mine = comm.reduce_scatter_mean(self.full.grad)      # (c,) my chunk of the mean
-        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
-        self.full.grad = None
+        """The full gradient is complete: free the full parameters, start the reduce-scatter."""
+        grad, self.full.grad = self.full.grad, None          # (N * c,) this rank's full gradient
         free_storage(self.full)
+        self.start_reduce(grad)
+
+    def start_reduce(self, grad: torch.Tensor) -> None:
+        """Issue the reduce-scatter of ``grad`` (N * c,) and return at once (async_op=True)."""
+        self.reductions.add(self)                            # waits for the oldest if at the limit
+        mine = grad.new_empty(grad.numel() // self.world)    # (c,) will hold my chunk of the sum
+        work = dist.reduce_scatter_tensor(mine, grad, op=dist.ReduceOp.SUM, async_op=True)
+        self.reducing = (work, mine, grad)                   # grad is its input: alive until done
+
+    def finish_reduce(self) -> None:
+        """Wait for my reduce-scatter; my chunk of the mean becomes the shard's gradient."""
+        work, mine, _ = self.reducing
+        work.wait()
+        self.reducing = None                                 # the full gradient goes
+        mine.div_(self.world)
+        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
 
     # ------------------------------------------------------------------ bookkeeping
     def gathered_bytes(self) -> int:
@@ -147,14 +196,17 @@ def average_gradient_hook(p: torch.Tensor) -> None:
     comm.all_reduce_mean_(p.grad)
 
 
-def shard_by_hand(model: nn.Module, units=None, unit_class=None) -> list[Unit]:
+def shard_by_hand(model: nn.Module, units=None, unit_class=None, limit: int | None = 1) -> list[Unit]:
     """Shard ``model`` in place (ZeRO-3): one Unit per (name, module) of ``units`` (default:
     ``default_units``); every parameter left outside them is replicated and its gradient
     all-reduced. Build the optimizer afterwards, on ``model.parameters()``. ``unit_class``:
-    a subclass of Unit (own_fsdp_prefetch.PrefetchUnit)."""
+    a subclass of Unit (own_fsdp_prefetch.PrefetchUnit); ``limit``: reduce-scatters in flight."""
     world, rank = dist.get_world_size(), dist.get_rank()
     make = unit_class or Unit
     made = [make(name, module, world, rank) for name, module in (units or default_units(model))]
+    reductions = Reductions(limit)
+    for u in made:
+        u.reductions = reductions
     sharded = {id(u.shard) for u in made}
     for p in model.parameters():
         if id(p) not in sharded and p.requires_grad:

@@ -1,7 +1,9 @@
-"""Check function for notebook 09's FSDP-by-hand exercise (solution: source_code/solutions/nb09_own_fsdp.py).
+"""Check functions for notebook 09's FSDP-by-hand exercises (solutions: source_code/solutions/nb09_own_fsdp.py).
 
-    from source_code.sharding.own_fsdp_exercise import check_reduce_grad
+    from source_code.sharding.own_fsdp_exercise import check_reduce_grad, check_zero3_core
+    check_zero3_core(unshard, after_forward)      # the ZeRO-3 core: own_fsdp_core_exercise.py
     check_reduce_grad(reduce_grad)
+    check_both(reduce_grad, unshard, after_forward)   # both, in one group of processes
 
 The learner writes ``reduce_grad(flat_grad)``: ``flat_grad`` (n,) is this rank's gradient of a
 unit's flattened parameters; it returns this rank's (c,) chunk of the mean over the N ranks,
@@ -23,6 +25,7 @@ import torch.distributed as dist
 
 from source_code.measure import CommCounter
 from source_code.sharding import comm  # noqa: F401  (its import quiets torch's *_tensor deprecation warning)
+from source_code.sharding.own_fsdp_core_exercise import core_on_rank, free_storage, gather  # noqa: F401
 
 SIZES = (12, 1, 7, 10, 301)     # one that divides 3, then ones that do not (padding needed)
 
@@ -104,8 +107,13 @@ class _CheckedDist:
         return dist.all_gather_into_tensor(output, input, *args, **kwargs)
 
 
-def _run_on_rank(sources: list[tuple[str, str]]) -> list[str | None]:
-    """On every rank: each learner function on every size; the first problem of each, or None."""
+def _run_on_rank(sources: list[tuple[str, str]], core_pairs=()) -> tuple[list, list]:
+    """On every rank: each reduce_grad on every size, then each pair of ZeRO-3 core hooks
+    (own_fsdp_core_exercise.py); the first problem of each, or None."""
+    return _reduce_on_rank(sources), core_on_rank(list(core_pairs))
+
+
+def _reduce_on_rank(sources: list[tuple[str, str]]) -> list[str | None]:
     rank, world = dist.get_rank(), dist.get_world_size()
     verdicts = []
     for source, name in sources:
@@ -132,48 +140,103 @@ def _run_on_rank(sources: list[tuple[str, str]]) -> list[str | None]:
     return verdicts
 
 
-def verdicts(fns, world_size: int = 3) -> list[str | None]:
-    """Rank 0's verdict on each function (None: correct), all in one group of processes."""
-    from source_code.processes import ProcessesFailed, spawn
-    sources = []
-    for fn in fns:
-        try:
-            sources.append((textwrap.dedent(inspect.getsource(fn)), fn.__name__))
-        except (OSError, TypeError):
-            raise ExerciseFailed("cannot read the source of reduce_grad: define it with `def` in a "
-                                 "cell (it runs in other processes with torch and dist only)") from None
+def source_of(fn) -> str:
     try:
-        return spawn(_run_on_rank, world_size, sources, collective_timeout_s=30, stream=False)[0]
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        raise ExerciseFailed(f"cannot read the source of {getattr(fn, '__name__', fn)}: define it with "
+                             "`def` in a cell (it runs in other processes with torch and dist only)") from None
+
+
+def all_verdicts(fns=(), core_pairs=(), world_size: int = 3) -> tuple[list, list]:
+    """Rank 0's verdicts (None: correct) on each reduce_grad and each (unshard, after_forward),
+    all in one group of processes."""
+    from source_code.processes import ProcessesFailed, spawn
+    sources = [(source_of(fn), fn.__name__) for fn in fns]
+    pairs = [((source_of(a), a.__name__), (source_of(b), b.__name__)) for a, b in core_pairs]
+    try:
+        return spawn(_run_on_rank, world_size, sources, pairs, collective_timeout_s=30, stream=False)[0]
     except ProcessesFailed as err:
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        return [f"a rank failed or waited for the others: {lines[-1][:160]}"] * len(fns)
+        said = f"a rank failed or waited for the others: {lines[-1][:160]}"
+        return [said] * len(fns), [said] * len(core_pairs)
 
 
-def check_reduce_grad(fn, world_size: int = 3, strict: bool = False, quiet: bool = False) -> bool:
-    """Your ``reduce_grad(flat_grad)`` on ``world_size`` processes, on sizes that do and do not
-    divide it. Prints one line (nothing with ``quiet``); True when right."""
-    problem = None
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        source = ""
-    if "raise NotImplementedError" in source:
-        problem, done = "not done yet: replace the TODO (raise NotImplementedError) with your code", False
-    elif "reduce_scatter_mean" in source:
-        problem, done = "write it with torch.distributed's collectives, not comm.py's helper", True
-    else:
-        done = True
+def verdicts(fns, world_size: int = 3) -> list[str | None]:
+    """Rank 0's verdict on each reduce_grad (None: correct), all in one group of processes."""
+    return all_verdicts(fns, (), world_size)[0]
+
+
+def core_verdicts(pairs, world_size: int = 3) -> list[str | None]:
+    """Rank 0's verdict on each (unshard, after_forward) pair (None: correct)."""
+    return all_verdicts((), pairs, world_size)[1]
+
+
+def _todo(*fns) -> bool:
+    for fn in fns:
         try:
-            problem = verdicts([fn], world_size)[0]
-        except ExerciseFailed as failed:
-            problem = str(failed)
+            if "raise NotImplementedError" in inspect.getsource(fn):
+                return True
+        except (OSError, TypeError):
+            pass
+    return False
+
+
+def say(problem, done: bool, correct: str, quiet: bool, strict: bool) -> bool:
+    """Print the verdict in one line (nothing with ``quiet``); True when right."""
     if problem is None:
         if not quiet:
-            print(f"correct: the mean gradient's chunk on {world_size} ranks for unit sizes that "
-                  "do and do not divide among them, sent as a reduce-scatter")
+            print(correct)
         return True
     if not quiet:
         print(f"not yet: {problem}" if done else problem)
     if strict:
         raise ExerciseFailed(problem)
     return False
+
+
+REDUCE_OK = ("correct: the mean gradient's chunk on {n} ranks for unit sizes that do and do not "
+             "divide among them, sent as a reduce-scatter")
+CORE_OK = ("correct: on {n} ranks every unit's full parameters existed while its forward and its "
+           "backward computed and at no other time, and the weights equal one process")
+TODO = "not done yet: replace the TODO (raise NotImplementedError) with your code"
+
+
+def check_zero3_core(unshard, after_forward, world_size: int = 3, strict: bool = False,
+                     quiet: bool = False) -> bool:
+    """Your two forward hooks inside own_fsdp.Unit on ``world_size`` processes, a model of the
+    check's own, two steps. Prints one line (nothing with ``quiet``); True when right."""
+    if _todo(unshard, after_forward):
+        return say(TODO, False, "", quiet, strict)
+    try:
+        problem = core_verdicts([(unshard, after_forward)], world_size)[0]
+    except ExerciseFailed as failed:
+        problem = str(failed)
+    return say(problem, True, CORE_OK.format(n=world_size), quiet, strict)
+
+
+def check_both(reduce_grad, unshard, after_forward, world_size: int = 3, strict: bool = False,
+               quiet: bool = False) -> bool:
+    """Both exercises in one group of processes (what the notebook's reference cell runs)."""
+    reduce_v, core_v = all_verdicts([reduce_grad], [(unshard, after_forward)], world_size)
+    ok = [say(reduce_v[0], True, REDUCE_OK.format(n=world_size), quiet, strict),
+          say(core_v[0], True, CORE_OK.format(n=world_size), quiet, strict)]
+    return all(ok)
+
+
+def check_reduce_grad(fn, world_size: int = 3, strict: bool = False, quiet: bool = False) -> bool:
+    """Your ``reduce_grad(flat_grad)`` on ``world_size`` processes, on sizes that do and do not
+    divide it. Prints one line (nothing with ``quiet``); True when right."""
+    if _todo(fn):
+        return say(TODO, False, "", quiet, strict)
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    if "reduce_scatter_mean" in source:
+        return say("write it with torch.distributed's collectives, not comm.py's helper", True, "", quiet, strict)
+    try:
+        problem = verdicts([fn], world_size)[0]
+    except ExerciseFailed as failed:
+        problem = str(failed)
+    return say(problem, True, REDUCE_OK.format(n=world_size), quiet, strict)

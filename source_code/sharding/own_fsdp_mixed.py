@@ -10,7 +10,8 @@ output_dtype=float32)`` does, on top of own_fsdp.Unit:
 * gather: the shard is cast to bf16 *before* the all-gather, so the wire carries 2 bytes a
   parameter instead of 4, and the full buffer (N * c,) is bf16: the unit computes in bf16;
 * reduce: the unit's full gradient (bf16, as its parameters) is cast to fp32 *before* the
-  reduce-scatter, so the N ranks' gradients are added in fp32, and the shard's gradient is fp32;
+  reduce-scatter (issued and waited for as in own_fsdp.Unit), so the N ranks' gradients are
+  added in fp32, and the shard's gradient is fp32;
 * the replicated LayerNorms compute with a bf16 cast of their fp32 parameters (FSDP2 casts
   every parameter it manages); autograd casts their gradients back to fp32 for the all-reduce;
 * the model's output (the logits) is cast to fp32, so the loss is computed in fp32.
@@ -25,7 +26,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from source_code.sharding import comm
 from source_code.sharding.own_fsdp import REPLICATED, Unit, alloc_storage, free_storage, shard_by_hand
 
 
@@ -36,25 +36,15 @@ class MixedPrecisionUnit(Unit):
     param_dtype = torch.bfloat16     # what the unit computes with, and what the all-gather carries
     reduce_dtype = torch.float32     # what the reduce-scatter adds up in
 
-    def __init__(self, name: str, module: nn.Module, world: int, rank: int):
-        super().__init__(name, module, world, rank)
-        self.hooks.pop().remove()                    # the fp32 buffer's gradient hook: replaced
-        self.full = torch.empty(self.full.numel(), dtype=self.param_dtype,
-                                device=self.shard.device, requires_grad=True)   # (N * c,) bf16
-        free_storage(self.full)
-        self.hooks.append(self.full.register_post_accumulate_grad_hook(lambda full: self.reduce_grad()))
-
     def gather(self) -> None:
         alloc_storage(self.full)
         mine = self.shard.detach().to(self.param_dtype)            # (c,) bf16: half the bytes
         dist.all_gather_into_tensor(self.full.data, mine)
 
     def reduce_grad(self) -> None:
-        grad = self.full.grad.to(self.reduce_dtype)                # (N * c,) bf16 -> fp32
-        mine = comm.reduce_scatter_mean(grad)                      # (c,) fp32, added in fp32
-        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
-        self.full.grad = None
+        grad, self.full.grad = self.full.grad.to(self.reduce_dtype), None   # (N * c,) bf16 -> fp32
         free_storage(self.full)
+        self.start_reduce(grad)                                    # added up in fp32
 
 
 def compute_in(norm: nn.LayerNorm, dtype: torch.dtype) -> None:

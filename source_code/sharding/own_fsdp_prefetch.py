@@ -52,14 +52,23 @@ class PrefetchUnit(Unit):
             self.next_backward.issue()       # backward runs the units in reverse order
 
 
-def shard_with_prefetch(model, units=None, prefetch: bool = True) -> list[PrefetchUnit]:
-    """shard_by_hand with PrefetchUnits chained in forward order (reversed for backward, from the
-    head down to the first block);
-    ``prefetch=False``: the same units, nothing issued ahead (each gathers when it starts)."""
-    made = shard_by_hand(model, units, unit_class=PrefetchUnit)
+def backward_chain(names: list[str]) -> dict:
+    """{unit: the unit whose gather it issues in backward}: each unit the one before it, from the
+    last down to the first block; the two embeddings gather on demand (autograd picks which of
+    them comes first in backward)."""
+    return {later: earlier for earlier, later in zip(names[2:], names[3:])}
+
+
+def shard_with_prefetch(model, units=None, prefetch: bool = True, unit_class=PrefetchUnit,
+                        limit: int | None = 1) -> list[PrefetchUnit]:
+    """shard_by_hand with PrefetchUnits chained in forward order, and in backward by
+    ``backward_chain``; ``prefetch=False``: the same units, nothing issued ahead (each gathers
+    when it starts). ``unit_class``: a subclass of PrefetchUnit; ``limit``: as shard_by_hand's."""
+    made = shard_by_hand(model, units, unit_class=unit_class, limit=limit)
     if prefetch:
-        for i, (earlier, later) in enumerate(zip(made, made[1:])):
+        by_name = {u.name: u for u in made}
+        for earlier, later in zip(made, made[1:]):
             earlier.next_forward = later
-            if i >= 2:      # tok and pos: autograd picks which of the two comes first in backward,
-                later.next_backward = earlier    # so the chain starts at the first block
+        for later, earlier in backward_chain([u.name for u in made]).items():
+            by_name[later].next_backward = by_name[earlier]
     return made

@@ -4,28 +4,32 @@
     torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report --steps 8 --out own_fsdp.json
 
 Every implementation trains the same TransformerLM (workload.py: same initial weights, same
-global batches of the sort task, each rank on its B/N samples) with AdamW for --steps steps,
+global batches of the sort task, each rank on its B/N samples) with AdamW for --steps steps;
 own FSDP and fully_shard also in bf16 mixed precision (own_fsdp_mixed.py; MixedPrecisionPolicy
-with param_dtype bf16, reduce_dtype and output_dtype fp32);
-rank 0 also trains the one-process reference on the same global batches, split into the same
-N slices whose gradients it adds up (sharding/parity.py). Printed, rank 0:
+with param_dtype bf16, reduce_dtype and output_dtype fp32) and in fp64. Rank 0 trains the
+one-process reference on the same global batches, split into the same N slices whose
+gradients it adds up (sharding/parity.py), in fp32 and in fp64. In fp32 the N ranks' gradients
+are added in another order than the reference adds them (gloo's reduce-scatter, FSDP2's), so the
+weights differ in the last bits and Adam carries that on: reported, not checked. In fp64 the
+same code must land within --tol of the fp64 reference: that is the check. Printed, rank 0:
 
-    parity: impl=own_fsdp world_size=N steps=S max_abs_diff=D bitwise=True|False
-    parity: impl=fully_shard ...     (and own_fsdp against fully_shard; own_fsdp_bf16 against
-            fully_shard_bf16, and against own_fsdp in fp32)
-    bytes: impl=ddp resident=B gathered=G peak=P      (per rank, one line per implementation)
-    prefetch: forward_ms none=.. prefetch=.. hidden none=.. prefetch=..   (own_fsdp_timeline.py)
-    summary: world_size=N device=D ... bf16_vs_fully_shard_bf16=M own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R
+    parity: impl=own_fsdp_fp64 world_size=N steps=S max_abs_diff=D bitwise=True|False
+            (and own_fsdp, fully_shard in fp32 and fp64, own_fsdp against fully_shard; own_fsdp_bf16
+            against fully_shard_bf16, and against own_fsdp in fp32)
+    bytes: impl=ddp resident=B gathered=G peak=P backward_peak=K   (per rank, one line each)
+    timeline: ...    (own_fsdp_timeline.py: a step serial and overlapped, measured here)
+    predicted: ...   (own_fsdp_predict.py: the same on a GPU node, and at width 4096)
+    summary: world_size=N device=D ... own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R own_fsdp_backward_peak_ratio=K
 
-resident: parameters + gradients + optimizer state this rank holds after a step (before
-zero_grad): what stays between layers (measure.state_bytes; own FSDP's full buffers counted
-too, 0 bytes then). gathered: full parameters that exist on top of that while one unit (block
-0) computes its forward, counted inside its forward; peak = resident + gathered. R = own FSDP's
-resident / DDP's. The collectives of the counted step (measure.CommCounter) go to the JSON as
-"comm": {impl: {kind: payload bytes}}: bf16 halves the all-gathers' bytes. Exit 1 when D > --tol. --out writes every number as JSON (rank 0).
+Bytes (own_fsdp_memory.py), per rank, counted from storages: resident, what block 0's forward
+gathers on top (peak = resident + gathered), and the backward peak (own FSDP and DDP).
+R = own FSDP's resident / DDP's, K = own FSDP's backward peak / DDP's. The collectives of the
+counted step (measure.CommCounter) go to the JSON as "comm": {impl: {kind: payload bytes}}: bf16
+halves the all-gathers' bytes. Exit 1 when D > --tol. --out writes every number as JSON (rank 0).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 
 import torch
@@ -37,15 +41,19 @@ from source_code import workload
 from source_code.cli import Parser, positive_float, positive_int, writable_path
 from source_code.distributed import print0, ranks_from_env, run_main, session
 from source_code.errors import LaunchError
-from source_code.measure import CommCounter, state_bytes
-from source_code.sharding import own_fsdp, own_fsdp_mixed
+from source_code.measure import CommCounter
+from source_code.sharding import own_fsdp, own_fsdp_mixed, own_fsdp_predict
 from source_code.sharding import own_fsdp_timeline as timeline
-from source_code.sharding.fsdp import MixedPrecisionPolicy, build_sharded, unsharded_parameter_bytes
+from source_code.sharding.fsdp import MixedPrecisionPolicy, build_sharded, shard_model, unsharded_parameter_bytes
+from source_code.sharding.own_fsdp_memory import BackwardPeak, measure_bytes
 from source_code.sharding.parity import full_weights, train
 from source_code.sharding.zero import ZeroAdamW
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report"
-IMPLS = ("ddp", "zero1", "zero2", "own_fsdp", "fully_shard", "own_fsdp_bf16", "fully_shard_bf16")
+IMPLS = ("ddp", "zero1", "zero2", "own_fsdp", "fully_shard", "own_fsdp_bf16", "fully_shard_bf16",
+         "own_fsdp_fp64", "fully_shard_fp64")
+PEAKS = ("ddp", "own_fsdp", "own_fsdp_bf16")          # whose backward peak the count sees whole
+WIDE = workload.model_config(dim=4096, n_layers=2, n_heads=32, vocab_size=32000, max_len=4096)
 # bf16 mixed precision: FSDP2's policy, and own_fsdp_mixed.py doing the same by hand
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                             output_dtype=torch.float32)
@@ -56,11 +64,16 @@ def build(impl: str, cfg: dict, ctx, args):
     opt_kw = {"lr": args.lr, "weight_decay": 0.01}
     if impl.startswith("fully_shard"):
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        mp = {"mp_policy": BF16} if impl.endswith("bf16") else {}
-        model = build_sharded(cfg, mesh, args.seed, ctx.device, meta=True, **mp)
+        if impl.endswith("fp64"):       # the same weights, exactly, in fp64 (then sharded)
+            model = shard_model(workload.build_model(cfg, args.seed, ctx.device).double(), mesh)
+        else:
+            mp = {"mp_policy": BF16} if impl.endswith("bf16") else {}
+            model = build_sharded(cfg, mesh, args.seed, ctx.device, meta=True, **mp)
         return model, torch.optim.AdamW(model.parameters(), **opt_kw), model, \
             lambda: unsharded_parameter_bytes(model)
     model = workload.build_model(cfg, args.seed, ctx.device)
+    if impl.endswith("fp64"):
+        model = model.double()
     if impl.startswith("own_fsdp"):
         units = (own_fsdp_mixed.shard_mixed if impl.endswith("bf16") else own_fsdp.shard_by_hand)(model)
         return model, torch.optim.AdamW(model.parameters(), **opt_kw), model, \
@@ -83,67 +96,77 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def measure_bytes(model, opt, inner, gathered, x) -> dict:
-    """Resident state after the step, and what a unit's forward gathers on top (block 0)."""
-    extra = [u.full for u in getattr(inner, "own_fsdp_units", [])]
-    resident = state_bytes(model, opt, extra_params=extra)["total"]
-    seen = []
-    probe = inner.layers[0].register_forward_pre_hook(lambda m, a: seen.append(gathered()))
-    with torch.no_grad():
-        model(x)                        # one forward: the hooks gather and free as in training
-    probe.remove()
-    after = state_bytes(model, opt, extra_params=extra)["total"]
-    assert after == resident, f"{after} bytes resident after the forward, {resident} before"
-    return {"resident": resident, "gathered": seen[0], "peak": resident + seen[0]}
+def counted_step(impl, model, opt, inner, batch, ctx) -> tuple[dict, dict]:
+    """One more backward + step after training, so the gradients exist when counted: the
+    collectives of that step by kind, and (PEAKS) its backward peak with its parts."""
+    counter, bp = CommCounter(ctx.world_size), BackwardPeak(model, opt, inner)
+    with counter:
+        with bp if impl in PEAKS else contextlib.nullcontext():
+            workload.loss_fn(model, *(t.to(ctx.device) for t in batch)).backward()
+        opt.step()
+    peaks = {"backward_peak": bp.peak, "backward_parts": bp.parts} if impl in PEAKS else {}
+    return dict(counter.payload), peaks
+
+
+def parameters_of(block) -> list:
+    """(name, local shape, what it is) of a block's parameters: a flat shard or DTensor shards."""
+    return [(n, list(p.to_local().shape if hasattr(p, "to_local") else p.shape),
+             str(getattr(p, "placements", "")) or ("flat shard" if n.endswith("flat_shard") else "whole"))
+            for n, p in block.named_parameters()]
 
 
 def run(ctx, args) -> dict:
     cfg = workload.model_config(dim=args.dim, n_layers=args.layers)
     dataset = workload.sort_task(n=512)
-    reference = None
+    reference = {}
     if ctx.is_main:
-        ref = workload.build_model(cfg, args.seed, ctx.device)
-        ref_opt = torch.optim.AdamW(ref.parameters(), lr=args.lr, weight_decay=0.01)
-        train(ref, ref_opt, dataset, args, 0, 1, ctx.device, split=ctx.world_size)
-        reference = weights("reference", ref)
+        for dtype in (torch.float32, torch.float64):
+            ref = workload.build_model(cfg, args.seed, ctx.device).to(dtype)
+            ref_opt = torch.optim.AdamW(ref.parameters(), lr=args.lr, weight_decay=0.01)
+            train(ref, ref_opt, dataset, args, 0, 1, ctx.device, split=ctx.world_size)
+            reference[dtype] = weights("reference", ref)
     x, _ = workload.rank_slice(workload.global_batch(dataset, 0, args.batch_size, args.seed),
                                ctx.rank, ctx.world_size)
+    batch = workload.rank_slice(workload.global_batch(dataset, args.steps, args.batch_size, args.seed),
+                                ctx.rank, ctx.world_size)
     res = {"world_size": ctx.world_size, "steps": args.steps, "device": ctx.device.type,
-           "parity": {}, "bytes": {}, "comm": {}}
+           "parity": {}, "bytes": {}, "comm": {}, "parameters": {}}
     got = {}
     for impl in IMPLS:
         model, opt, inner, gathered = build(impl, cfg, ctx, args)
         train(model, opt, dataset, args, ctx.rank, ctx.world_size, ctx.device)
         if impl not in ("ddp", "zero1", "zero2"):
             got[impl] = weights(impl, inner)
+        if impl in ("own_fsdp", "fully_shard"):
+            res["parameters"][impl] = parameters_of(inner.layers[0])
         if impl == "own_fsdp":
             res["units"] = [u.name for u in inner.own_fsdp_units]
             res["replicated"] = own_fsdp.replicated_names(inner)
-        # train() ends with zero_grad: one more backward + step so the gradients exist when counted
-        bx, by = workload.rank_slice(workload.global_batch(dataset, args.steps, args.batch_size,
-                                                           args.seed), ctx.rank, ctx.world_size)
-        counter = CommCounter(ctx.world_size)          # the collectives of that step, by kind
-        with counter:
-            workload.loss_fn(model, bx.to(ctx.device), by.to(ctx.device)).backward()
-            opt.step()
-        res["comm"][impl] = dict(counter.payload)
-        res["bytes"][impl] = measure_bytes(model, opt, inner, gathered, x.to(ctx.device))
-        b = res["bytes"][impl]
+        res["comm"][impl], peaks = counted_step(impl, model, opt, inner, batch, ctx)
+        if impl.endswith("fp64"):
+            continue                                    # parity only: the bytes are fp32's twice
+        b = res["bytes"][impl] = {**measure_bytes(model, opt, inner, gathered, x.to(ctx.device)), **peaks}
         print0(f"bytes: impl={impl} world_size={ctx.world_size} resident={b['resident']} "
-               f"gathered={b['gathered']} peak={b['peak']}")
+               f"gathered={b['gathered']} peak={b['peak']} backward_peak={b.get('backward_peak', '-')}")
         del model, opt, inner, gathered
-    res["prefetch"] = timeline.timeline_run(ctx, cfg, args)
+    res["timeline"] = timeline.timeline_run(ctx, cfg, args)
     if ctx.is_main:
-        pf = res["prefetch"]
-        print0(f"prefetch: forward_ms none={pf['none']['forward_ms']:.1f} "
-               f"prefetch={pf['prefetch']['forward_ms']:.1f} hidden none={pf['none']['hidden_fraction']:.2f} "
-               f"prefetch={pf['prefetch']['hidden_fraction']:.2f}")
-        big = workload.model_config(dim=4096, n_layers=2, n_heads=32, vocab_size=32000, max_len=4096)
-        res["predicted"] = {
-            "this_model": timeline.predict(pf["unit_bytes"], pf["unit_params"], pf["tokens"], ctx.world_size),
-            "dim4096": timeline.predict(*timeline.unit_sizes(big, ctx.world_size), 4 * 4096, ctx.world_size)}
-        for name, a, b in (("own_fsdp", got["own_fsdp"], reference),
-                           ("fully_shard", got["fully_shard"], reference),
+        tl = res["timeline"]
+        print0("timeline: " + " ".join(
+            f"{k} forward_ms={tl[k]['forward_ms']:.1f} backward_ms={tl[k]['backward_ms']:.1f} "
+            f"hidden_forward={tl[k]['hidden']['forward']:.2f} hidden_backward={tl[k]['hidden']['backward']:.2f}"
+            for k in ("serial", "overlapped")))
+        res["predicted"] = {"this_model": own_fsdp_predict.predict(cfg, tl["batch"], tl["seq"], ctx.world_size),
+                            "dim4096": own_fsdp_predict.predict(WIDE, 4, 4096, ctx.world_size)}
+        for k, p in res["predicted"].items():
+            print0(f"predicted: {k} step_ms serial={1e3 * p['serial']['step_s']:.3f} "
+                   f"overlapped={1e3 * p['overlap']['step_s']:.3f} hidden={p['overlap']['hidden_fraction']:.2f} "
+                   f"exposed_forward={','.join(p['exposed_forward'])}")
+        ref32, ref64 = reference[torch.float32], reference[torch.float64]
+        for name, a, b in (("own_fsdp_fp64", got["own_fsdp_fp64"], ref64),
+                           ("fully_shard_fp64", got["fully_shard_fp64"], ref64),
+                           ("own_fsdp", got["own_fsdp"], ref32),
+                           ("fully_shard", got["fully_shard"], ref32),
                            ("own_fsdp_vs_fully_shard", got["own_fsdp"], got["fully_shard"]),
                            ("own_fsdp_bf16_vs_fully_shard_bf16", got["own_fsdp_bf16"], got["fully_shard_bf16"]),
                            ("own_fsdp_bf16_vs_own_fsdp", got["own_fsdp_bf16"], got["own_fsdp"])):
@@ -152,7 +175,9 @@ def run(ctx, args) -> dict:
             res["parity"][name] = {"max_abs_diff": d, "bitwise": bitwise}
             print0(f"parity: impl={name} world_size={ctx.world_size} steps={args.steps} "
                    f"max_abs_diff={d:.3g} bitwise={bitwise}")
-        res["state_ratio"] = res["bytes"]["own_fsdp"]["resident"] / res["bytes"]["ddp"]["resident"]
+        by = res["bytes"]
+        res["state_ratio"] = by["own_fsdp"]["resident"] / by["ddp"]["resident"]
+        res["backward_peak_ratio"] = by["own_fsdp"]["backward_peak"] / by["ddp"]["backward_peak"]
     dist.barrier()
     return res
 
@@ -175,7 +200,8 @@ def parser() -> Parser:
     p.add_argument("--dim", type=positive_int, default=64)
     p.add_argument("--layers", type=positive_int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=positive_float, default=1e-6)
+    p.add_argument("--tol", type=positive_float, default=1e-12,
+                   help="largest |difference| of own FSDP's weights from one process, both in fp64")
     p.add_argument("--out", type=writable_path, default="", help="write the results here (JSON, rank 0)")
     return p
 
@@ -203,17 +229,21 @@ def main(argv=None):
         res = run(ctx, args)
     if res.get("parity") is None or not res["parity"]:
         return 0
-    d, r = res["parity"]["own_fsdp"]["max_abs_diff"], res["state_ratio"]
+    par = res["parity"]
+    d = par["own_fsdp_fp64"]["max_abs_diff"]
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
-    print(f"summary: world_size={res['world_size']} device={res['device']} steps={res['steps']} units={len(res['units'])} "
-          f"replicated={len(res['replicated'])} "
-          f"fully_shard_max_abs_diff={res['parity']['fully_shard']['max_abs_diff']:.3g} "
-          f"bf16_vs_fully_shard_bf16={res['parity']['own_fsdp_bf16_vs_fully_shard_bf16']['max_abs_diff']:.3g} "
-          f"own_fsdp_max_abs_diff={d:.3g} own_fsdp_state_ratio={r:.4f}")
+    print(f"summary: world_size={res['world_size']} device={res['device']} steps={res['steps']} "
+          f"units={len(res['units'])} replicated={len(res['replicated'])} "
+          f"fully_shard_max_abs_diff={par['fully_shard_fp64']['max_abs_diff']:.3g} "
+          f"fully_shard_fp32_max_abs_diff={par['fully_shard']['max_abs_diff']:.3g} "
+          f"bf16_vs_fully_shard_bf16={par['own_fsdp_bf16_vs_fully_shard_bf16']['max_abs_diff']:.3g} "
+          f"own_fsdp_fp32_max_abs_diff={par['own_fsdp']['max_abs_diff']:.3g} "
+          f"own_fsdp_max_abs_diff={d:.3g} own_fsdp_state_ratio={res['state_ratio']:.4f} "
+          f"own_fsdp_backward_peak_ratio={res['backward_peak_ratio']:.4f}")
     if d > args.tol:
-        print(f"FAILED: own_fsdp_max_abs_diff {d:.3g} > tol {args.tol:g}")
+        print(f"FAILED: own_fsdp_max_abs_diff {d:.3g} (fp64) > tol {args.tol:g}")
         return 1
     return 0
 

@@ -1,128 +1,153 @@
-"""The prefetch timeline of FSDP by hand, from measured timestamps, and its alpha-beta prediction.
+"""One training step of FSDP by hand on a timeline, from measured timestamps: serial vs overlapped.
 
     torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report   # runs it
 
-``record(units, device)`` wraps each PrefetchUnit's methods (the lesson code stays as it is)
-and stamps with measure.clock: when each all-gather is issued, when its bytes have arrived
-(the Work's future completes, on gloo's thread), when the unit starts and ends computing.
-``timeline_run`` trains a few steps with prefetch off and on, interleaved, and keeps the last
-forward of each: the figure's bars and the overlap, i.e. the part of each transfer that lies
-under another unit's computation. ``predict`` puts the same units into the alpha-beta model of a
-GPU node (ring all-gather: (N-1) messages in a row, (N-1)/N of the bytes through each link;
-forward compute 2 FLOPs per parameter per token).
+``record(units, device, phase)`` wraps each PrefetchUnit's methods (the lesson code stays as it
+is) and stamps with measure.clock: when each all-gather is issued and when its bytes have
+arrived (the Work's future completes, on gloo's thread); when each unit computes, in forward
+(its forward hooks) and in backward (from its gather's end to its full gradient); when each
+reduce-scatter is issued, arrives, and is waited for. ``timeline_run`` trains a few steps of
+two variants, interleaved, and keeps the last step of each:
+
+* serial: every unit gathers when it starts, and waits for its reduce-scatter as soon as it is
+  issued (``WaitingUnit``, a subclass for this measurement only);
+* overlapped: PrefetchUnits with prefetch, reduce-scatters in flight as own_fsdp.Unit leaves them.
+
+Per variant: each unit's intervals, and the share of the transfer time that lies under some
+unit's computation (``hidden``): all-gathers in forward, all-gathers and reduce-scatters in
+backward. The GPU node's version of the same step is own_fsdp_predict.py.
 """
 from __future__ import annotations
 
+import threading
+
 from source_code import workload
 from source_code.measure import clock
-
-# one NVLink node (4 x A100, as the planner's "a100" cluster): 200 GB/s per GPU inside the node,
-# 125 TFLOP/s sustained; NCCL's per-message latency inside a node is some microseconds
-GPU_NODE = {"alpha_s": 10e-6, "beta_bytes_s": 200e9, "flops": 125e12}
+from source_code.sharding.own_fsdp_prefetch import PrefetchUnit
 
 
-def record(units, device) -> list[dict]:
-    """Stamp every unit's gather and forward into the returned list (one dict per event)."""
+class WaitingUnit(PrefetchUnit):
+    """Waits for its reduce-scatter as soon as it has issued it: nothing overlaps in backward."""
+
+    def reduce_grad(self) -> None:
+        super().reduce_grad()
+        self.reductions.units.remove(self)
+        self.finish_reduce()
+
+
+def on_arrival(work, fn) -> None:
+    """Call ``fn()`` when ``work`` completes: on its future, or, where the backend has none
+    (gloo's reduce-scatter), on a thread that waits for it."""
+    try:
+        work.get_future().then(lambda f: fn())
+    except RuntimeError:
+        threading.Thread(target=lambda: (work.wait(), fn()), daemon=True).start()
+
+
+def record(units, device, phase: dict) -> list[dict]:
+    """Stamp every unit's transfers and computation into the returned list (a dict per event);
+    ``phase["now"]``, set by the caller, says "forward" or "backward"."""
     events = []
 
     def stamp(kind, unit):
-        events.append({"kind": kind, "unit": unit.name, "t": clock(device)})
+        events.append({"kind": kind, "unit": unit.name, "phase": phase["now"], "t": clock(device)})
 
     for u in units:
-        issue = u.issue
-
-        def timed_issue(u=u, issue=issue):
+        def issue(u=u, inner=u.issue):
             fresh = u.pending is None
             if fresh:
-                stamp("issue", u)
-            issue()
+                stamp("gather_issue", u)
+            inner()
             if fresh:
-                u.pending.get_future().then(lambda f, u=u: stamp("arrived", u))
-        u.issue = timed_issue
+                on_arrival(u.pending, lambda u=u: stamp("gather_arrived", u))
+
+        def before_backward(u=u, inner=u.before_backward):
+            inner()
+            stamp("compute", u)                      # gathered: the unit's backward computes now
+
+        def reduce_grad(u=u, inner=u.reduce_grad):
+            stamp("done", u)                         # its full gradient is complete
+            inner()
+
+        def start_reduce(grad, u=u, inner=u.start_reduce):
+            inner(grad)
+            stamp("reduce_issue", u)
+            on_arrival(u.reducing[0], lambda u=u: stamp("reduce_arrived", u))
+
+        def finish_reduce(u=u, inner=u.finish_reduce):
+            stamp("reduce_wait", u)
+            inner()
+        u.issue, u.before_backward, u.reduce_grad = issue, before_backward, reduce_grad
+        u.start_reduce, u.finish_reduce = start_reduce, finish_reduce
         u.module.register_forward_pre_hook(lambda m, a, u=u: stamp("compute", u))   # after unshard
         u.module.register_forward_hook(lambda m, a, o, u=u: stamp("done", u), prepend=True)
     return events
 
 
-def intervals(events: list[dict]) -> dict:
-    """{unit: {"transfer": (issue, arrived), "compute": (start, end)}} of one forward, t0 = 0."""
-    t0 = min(e["t"] for e in events)
+def intervals(events: list[dict], t0: float) -> dict:
+    """{unit: {phase: {"gather" | "compute" | "reduce": (start, end), "wait": t}}}, t0 = 0."""
+    at = {}
+    for e in events:
+        at.setdefault((e["unit"], e["phase"]), {}).setdefault(e["kind"], e["t"] - t0)
     out = {}
-    for e in sorted(events, key=lambda e: e["t"]):     # the first of each kind: the forward's
-        out.setdefault(e["unit"], {}).setdefault(e["kind"], e["t"] - t0)
-    return {u: {"transfer": (v["issue"], v["arrived"]), "compute": (v["compute"], v["done"])}
-            for u, v in out.items()}
+    for (unit, phase), k in at.items():
+        iv = out.setdefault(unit, {}).setdefault(phase, {})
+        for name, (a, b) in {"gather": ("gather_issue", "gather_arrived"), "compute": ("compute", "done"),
+                             "reduce": ("reduce_issue", "reduce_arrived")}.items():
+            if a in k and b in k:
+                iv[name] = (k[a], k[b])
+        if "reduce_wait" in k:
+            iv["wait"] = k["reduce_wait"]
+    return out
 
 
-def hidden_fraction(iv: dict) -> float:
-    """Share of all transfer time during which some unit was computing."""
-    computes = [v["compute"] for v in iv.values()]
+def hidden_fraction(iv: dict, phase: str, kinds=("gather", "reduce")) -> float:
+    """Share of the ``kinds`` transfer time of ``phase`` during which some unit was computing."""
+    computes = [v[phase]["compute"] for v in iv.values() if "compute" in v.get(phase, {})]
     total = hidden = 0.0
     for v in iv.values():
-        a, b = v["transfer"]
-        total += b - a
-        hidden += sum(max(0.0, min(b, d) - max(a, c)) for c, d in computes)
+        for kind in kinds:
+            if kind in v.get(phase, {}):
+                a, b = v[phase][kind]
+                total += b - a
+                hidden += sum(max(0.0, min(b, d) - max(a, c)) for c, d in computes)
     return hidden / total if total else 0.0
 
 
 def timeline_run(ctx, cfg: dict, args, steps: int = 3) -> dict:
-    """Forward timelines with prefetch off and on (interleaved steps), from rank 0's clock."""
+    """Steps of the serial and the overlapped variant (interleaved), from rank 0's clock."""
     import torch
     from source_code.sharding.own_fsdp_prefetch import shard_with_prefetch
     dataset = workload.sort_task(n=512)
-    runs = {}
-    for prefetch in (False, True):
+    phase, runs = {"now": "forward"}, {}
+    for name in ("serial", "overlapped"):
         model = workload.build_model(cfg, args.seed, ctx.device)
-        units = shard_with_prefetch(model, prefetch=prefetch)
-        runs[prefetch] = (model, units, record(units, ctx.device), torch.optim.AdamW(model.parameters()))
+        units = (shard_with_prefetch(model, prefetch=False, unit_class=WaitingUnit) if name == "serial"
+                 else shard_with_prefetch(model))
+        runs[name] = (model, units, record(units, ctx.device, phase), torch.optim.AdamW(model.parameters()))
     out = {}
     for step in range(steps):
         x, y = workload.rank_slice(workload.global_batch(dataset, step, args.batch_size, args.seed),
                                    ctx.rank, ctx.world_size)
-        for prefetch, (model, units, events, opt) in runs.items():
+        for name, (model, units, events, opt) in runs.items():
             events.clear()
-            start = clock(ctx.device)
+            phase["now"] = "forward"
+            t0 = clock(ctx.device)
             loss = workload.loss_fn(model, x.to(ctx.device), y.to(ctx.device))
-            forward_s = clock(ctx.device) - start
-            end = max(e["t"] for e in events if e["kind"] == "done")
+            t1 = clock(ctx.device)
+            phase["now"] = "backward"
             loss.backward()
+            t2 = clock(ctx.device)
             opt.step()
             opt.zero_grad()
-            iv = intervals(list(events))
-            out["prefetch" if prefetch else "none"] = {
-                "intervals": iv, "forward_ms": 1e3 * forward_s, "hidden_fraction": hidden_fraction(iv),
-                "backward_issue_order": [e["unit"] for e in sorted(events, key=lambda e: e["t"])
-                                         if e["kind"] == "issue" and e["t"] > end]}
-    out["tokens"] = x.numel()                     # tokens per rank per step
-    out["unit_bytes"] = {u.name: u.full.numel() * u.full.element_size() for u in runs[True][1]}
-    out["unit_params"] = {u.name: u.numel for u in runs[True][1]}
+            iv = intervals(list(events), t0)
+            backward = sorted((e for e in events if e["phase"] == "backward"), key=lambda e: e["t"])
+            out[name] = {
+                "intervals": iv, "forward_ms": 1e3 * (t1 - t0), "backward_ms": 1e3 * (t2 - t1),
+                "hidden": {"forward": hidden_fraction(iv, "forward"),
+                           "backward": hidden_fraction(iv, "backward"),
+                           "reduce": hidden_fraction(iv, "backward", ("reduce",))},
+                "backward_issue_order": [e["unit"] for e in backward if e["kind"] == "gather_issue"],
+                "backward_order": [e["unit"] for e in backward if e["kind"] == "done"]}
+    out["batch"], out["seq"] = x.shape                # per rank: sequences, tokens in each
     return out
-
-
-def predict(unit_bytes: dict, unit_params: dict, tokens: int, world: int, node=GPU_NODE) -> dict:
-    """Forward time of the units on a GPU node without and with prefetch (alpha-beta model)."""
-    names = list(unit_bytes)
-    gather = [(world - 1) * node["alpha_s"] + (world - 1) / world * unit_bytes[u] / node["beta_bytes_s"]
-              for u in names]
-    compute = [2 * unit_params[u] * tokens / node["flops"] for u in names]
-    serial = sum(gather) + sum(compute)
-    # prefetch: unit i+1's gather runs under unit i's compute; the first one is exposed
-    overlapped = gather[0] + sum(max(c, g) for c, g in zip(compute, gather[1:] + [0.0]))
-    hidden = sum(min(c, g) for c, g in zip(compute, gather[1:]))
-    # one rank gathers nothing: nothing to hide
-    return {"serial_s": serial, "prefetch_s": overlapped,
-            "hidden_fraction": hidden / sum(gather) if sum(gather) else 0.0}
-
-
-def unit_sizes(cfg: dict, world: int) -> tuple[dict, dict]:
-    """({unit: full-buffer bytes}, {unit: parameters}) of a TransformerLM config, fp32, counted
-    on the meta device (no memory): what own_fsdp's units of that model gather."""
-    import torch
-    from source_code.models import TransformerLM
-    from source_code.sharding.own_fsdp import REPLICATED, default_units
-    with torch.device("meta"):
-        model = TransformerLM(**cfg)
-    params = {name: sum(p.numel() for m in module.modules() if not isinstance(m, REPLICATED)
-                        for p in m.parameters(recurse=False))
-              for name, module in default_units(model)}
-    return {k: -(-n // world) * world * 4 for k, n in params.items()}, params

@@ -1,9 +1,26 @@
-"""Reference solution for notebook 09's FSDP-by-hand exercise, checked by tests/test_sharding_own_fsdp_exercise.py.
+"""Reference solutions for notebook 09's FSDP-by-hand exercises, checked by tests/test_sharding_own_fsdp_exercise.py.
 
     python -m pytest tests/test_sharding_own_fsdp_exercise.py
+
+``unshard`` and ``after_forward`` run with the check's tools in scope (own_fsdp_core_exercise.py:
+``gather``, ``free_storage``), as the notebook's cell has them imported.
 """
 import torch
 import torch.distributed as dist
+
+from source_code.sharding.own_fsdp_core_exercise import free_storage, gather
+
+
+def unshard(unit):
+    """Forward pre-hook: the unit's full parameters, just before it computes."""
+    gather(unit)
+
+
+def after_forward(unit, out):
+    """Forward post-hook: free them, and gather them again when the backward reaches the unit."""
+    free_storage(unit.full)
+    out.register_hook(lambda grad: gather(unit))   # the output's gradient arrives first
+    return out
 
 
 def reduce_grad(flat_grad):

@@ -1,0 +1,98 @@
+"""Bytes of training state one rank holds, counted from storages, for own_fsdp_report.py.
+
+    torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report   # prints them
+
+Counted with measure.tensor_bytes (distinct storages; a freed full buffer counts 0 bytes):
+
+* resident: parameters + gradients + optimizer state after a step (before zero_grad), own
+  FSDP's full buffers included (0 bytes then): what stays between units;
+* gathered: full parameters that exist on top while block 0 computes its forward (counted
+  inside its forward); forward peak = resident + gathered;
+* backward peak: the largest count over one backward of the parameters (shards, replicated,
+  every unit's full buffer), their gradients (every full buffer's too), the inputs and outputs
+  of the reduce-scatters in flight, and the optimizer state. Counted whenever a gradient is
+  complete: when a unit's full gradient is (before its reduce-scatter is issued: its full
+  parameters, its full gradient and the previous unit's gradient in flight are all alive), when
+  any other parameter's is, and once the backward has returned. ``parts`` splits the peak
+  into "state" (parameters, gradients, optimizer), "full_params", "full_grads", "in_flight".
+  DDP's own gradient buckets (another copy of the gradients inside its reducer) are not
+  counted: its peak is higher than the count.
+"""
+from __future__ import annotations
+
+import torch
+
+from source_code.measure import optimizer_tensors, state_bytes, tensor_bytes
+
+
+def measure_bytes(model, opt, inner, gathered, x) -> dict:
+    """Resident state after the step, and what a unit's forward gathers on top (block 0)."""
+    extra = [u.full for u in getattr(inner, "own_fsdp_units", [])]
+    resident = state_bytes(model, opt, extra_params=extra)["total"]
+    seen = []
+    probe = inner.layers[0].register_forward_pre_hook(lambda m, a: seen.append(gathered()))
+    with torch.no_grad():
+        model(x)                        # one forward: the hooks gather and free as in training
+    probe.remove()
+    after = state_bytes(model, opt, extra_params=extra)["total"]
+    assert after == resident, f"{after} bytes resident after the forward, {resident} before"
+    return {"resident": resident, "gathered": seen[0], "peak": resident + seen[0]}
+
+
+class BackwardPeak:
+    """``with BackwardPeak(model, opt, inner) as bp: loss.backward()``; then bp.peak, bp.parts."""
+
+    def __init__(self, model, opt, inner):
+        self.model, self.opt = model, opt
+        self.units = list(getattr(inner, "own_fsdp_units", []))
+        self.peak, self.parts, self.handles = 0, {}, []
+
+    def count(self) -> None:
+        params = list(self.model.parameters())
+        groups = {"state": params + [p.grad for p in params] + optimizer_tensors(self.opt),
+                  "full_params": [u.full for u in self.units],
+                  "full_grads": [u.full.grad for u in self.units],
+                  "in_flight": [t for u in self.units if u.reducing for t in u.reducing[1:]]}
+        parts, counted = {}, []
+        for name, tensors in groups.items():
+            parts[name] = tensor_bytes(tensors, exclude=counted)
+            counted += [t for t in tensors if t is not None]
+        if sum(parts.values()) > self.peak:
+            self.peak, self.parts = sum(parts.values()), parts
+
+    def __enter__(self):
+        for u in self.units:
+            def reduce_grad(u=u, inner=u.reduce_grad):
+                self.count()                 # full parameters, full gradient, older one in flight
+                inner()
+            u.reduce_grad = reduce_grad
+        self.handles = [p.register_post_accumulate_grad_hook(lambda p: self.count())
+                        for p in self.model.parameters() if p.requires_grad]
+        return self
+
+    def __exit__(self, *exc):
+        self.count()
+        for u in self.units:
+            del u.reduce_grad                # the class's method again
+        for h in self.handles:
+            h.remove()
+        return False
+
+
+def padding(cfg: dict, world: int) -> dict:
+    """Zeros added to shard a TransformerLM ``cfg`` over ``world`` ranks: FSDP by hand pads each
+    unit's flat vector to a multiple of N elements; FSDP2 pads each parameter on dim 0 to a
+    multiple of N rows (a 1-D parameter's rows are its elements). LayerNorms left out (by hand
+    they are not sharded)."""
+    from source_code.models import TransformerLM
+    from source_code.sharding.own_fsdp import REPLICATED, default_units
+    with torch.device("meta"):
+        model = TransformerLM(**cfg)
+    flat = dim0 = 0
+    for _, module in default_units(model):
+        params = [p for m in module.modules() if not isinstance(m, REPLICATED)
+                  for p in m.parameters(recurse=False)]
+        n = sum(p.numel() for p in params)
+        flat += -(-n // world) * world - n
+        dim0 += sum((-(-p.shape[0] // world) * world - p.shape[0]) * (p.numel() // p.shape[0]) for p in params)
+    return {"flat_per_unit": flat, "dim0_per_parameter": dim0}
