@@ -22,7 +22,7 @@ ROOT = __file__.rsplit("/tests/", 1)[0]
 @pytest.mark.parametrize("argv, words", [
     (["--batch-size", "12"], "multiple of 8"),
     (["--steps", "0"], "positive integer"),
-    (["--configs", "DDP", "ZeRO-3"], "unknown configuration 'ZeRO-3'"),
+    (["--configs", "DDP", "ZeRO-4"], "unknown configuration 'ZeRO-4'"),
     (["--lr", "-1"], "positive number"),
 ])
 def test_bad_flags_refused_in_one_line(argv, words):
@@ -33,18 +33,19 @@ def test_bad_flags_refused_in_one_line(argv, words):
 
 def test_summary_line_of_a_subset():
     out = subprocess.run([sys.executable, "-m", "source_code.capstone.matrix", "--steps", "2",
-                          "--configs", "DDP", "TP (own)", "PP x DP"], cwd=ROOT,
+                          "--steps-fp64", "10", "--configs", "DDP", "TP (own)", "PP x DP"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
-    m = re.fullmatch(r"summary: configs=(\d+) max_loss_diff=(\S+) uneven_tokens_grad_diff_fixed=(\S+) "
-                     r"uneven_tokens_grad_diff_naive=(\S+)", last)
-    assert m, f"unexpected last line: {last!r}"
-    configs, loss, fixed, naive = int(m[1]), *map(float, m.groups()[1:])
-    assert configs == 3, last
-    assert loss <= 1e-5, f"a configuration's loss left the one-process curve: {last}"
-    assert fixed <= 1e-6, f"the fixed normalisation is not exact: {last}"
-    assert naive >= 1e-3, f"the per-rank mean did not visibly fail: {last}"
+    assert last.startswith("summary: "), last
+    s = dict(kv.split("=", 1) for kv in last.split()[1:])
+    assert (int(s["parallel_configs"]), int(s["controls"]), int(s["three_d_configs"])) == (3, 0, 0), last
+    assert (int(s["steps"]), int(s["steps_fp64"])) == (2, 10), last
+    assert float(s["max_loss_diff"]) <= 1e-5, f"a configuration's loss left the one-process curve: {last}"
+    assert float(s["max_loss_diff_fp64"]) <= 1e-12, f"fp64 shows a difference beyond rounding: {last}"
+    assert float(s["max_loss_diff_fp64"]) < float(s["max_loss_diff"]) / 1e6, last
+    assert float(s["uneven_tokens_grad_diff_fixed"]) <= 1e-6, f"the fixed normalisation is not exact: {last}"
+    assert float(s["uneven_tokens_grad_diff_naive"]) >= 1e-3, f"the per-piece mean did not visibly fail: {last}"
 
 
 @pytest.mark.parametrize("sizes, words", [
@@ -53,8 +54,9 @@ def test_summary_line_of_a_subset():
     (dict(world=3, pp=3), "layers do not divide into pp=3"),
     (dict(world=3, ep=3), "experts do not divide among ep=3"),
     (dict(world=3, cp=3), "2 x cp = 6"),
-    (dict(world=4, tp=2, pp=2), "ONE other kind"),
-    (dict(world=4, dp=2, tp=2), "--zero 3"),
+    (dict(world=4, pp=2, cp=2), "pp x cp"),
+    (dict(world=4, ep=2, tp=2), "expert parallelism combines with data parallelism only"),
+    (dict(world=4, dp=2, tp=2, zero=1), "--zero 1 applies"),
     (dict(world=4, dp=4, zero=4), "use 0 (DDP)"),
     (dict(world=4, dp=2, pp=2, batch_size=12), "does not split into 8 pieces"),
 ])
@@ -65,11 +67,32 @@ def test_impossible_configurations_refused_in_one_line(sizes, words):
     assert words in err.value.message and "\n" not in err.value.message, err.value.message
 
 
-def test_possible_configurations_named():
+@pytest.mark.parametrize("sizes, described", [
+    (dict(world=4, dp=2, tp=2, zero=3), "DTensor TP on 2 x FSDP2 on 2"),
+    (dict(world=2, pp=2), "1F1B pipeline on 2"),
+    (dict(world=4, dp=4, zero=2), "ZeRO-2 on 4"),
+    (dict(world=8, pp=2, dp=2, tp=2), "torch GPipe pipeline on 2 x DP on 2 x DTensor TP on 2"),
+    (dict(world=8, dp=2, tp=2, cp=2), "DP on 2 x DTensor TP on 2 x ring attention on 2"),
+    (dict(world=4, pp=2, tp=2), "torch GPipe pipeline on 2 x DTensor TP on 2"),
+    (dict(world=4, tp=2, cp=2), "DTensor TP on 2 x ring attention on 2"),
+    (dict(world=4, dp=2, ep=2), "expert parallel on 2 x DP on 2"),
+])
+def test_possible_configurations_named(sizes, described):
     from source_code.capstone import choose
-    assert choose.plan(4, dp=2, tp=2, zero=3) == "DTensor TP on 2 x FSDP2 on 2"
-    assert choose.plan(2, pp=2) == "1F1B pipeline on 2"
-    assert choose.plan(4, dp=4, zero=2) == "ZeRO-2 on 4"
+    assert choose.plan(**sizes) == described
+
+
+def test_every_combination_of_the_matrix_is_one_choose_accepts():
+    """The planner and the matrix agree: each model-parallel combination of the matrix, at
+    degree 2 per kind, is a configuration choose.plan accepts and builds."""
+    from source_code.capstone import choose
+    sizes = {"FSDP x TP": dict(dp=2, tp=2, zero=3), "DP x CP": dict(dp=2, cp=2),
+             "EP x DP": dict(dp=2, ep=2), "PP x DP": dict(dp=2, pp=2),
+             "PP x DP x TP": dict(pp=2, dp=2, tp=2), "DP x TP x CP": dict(dp=2, tp=2, cp=2)}
+    combos = [n for n in matrix.NAMES if matrix.family(n) in ("two kinds (2 x 2)", "three kinds (2 x 2 x 2)")]
+    assert sorted(combos) == sorted(sizes)
+    for name in combos:
+        assert choose.plan(matrix.world_of(name), **sizes[name])
 
 
 def test_choose_entry_point_refuses_before_starting_processes():

@@ -1,52 +1,98 @@
-"""Notebook 19's exercise: the check passes the reference and names what typical wrong answers
-miss, in one line each (one set of 2 processes for all of them).
+"""Notebook 19's exercise: the check passes the reference and a correct answer written another
+way, and names what typical wrong answers miss, in one line each (one set of 4 processes for all
+of them); the report tool shows which parameters of the handed step differ.
 
     .venv/bin/python -m pytest tests/test_capstone_exercise.py -q
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from source_code.capstone import exercises
-from source_code.solutions.nb19_capstone import sync_gradients
+from source_code.capstone.cp_model import cp_logits, my_tokens
+from source_code.capstone.loss import global_token_count, global_token_loss, local_token_count
+from source_code.capstone.runner import piece
+from source_code.context_parallel.comm import Ring
+from source_code.solutions.nb19_capstone import train_step
 
 
-def over_dp_only(model, dp_group, cp_group):
+def _forward(model, x, y, mesh, count_group=None, local_count=False):
+    ring = Ring(mesh["cp"].get_group())
+    xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
+    ys = my_tokens(ys, ring)
+    count = local_token_count([ys]) if local_count else global_token_count([ys], count_group)
+    loss = global_token_loss(cp_logits(model, xs, ring), ys, count)
+    loss.backward()
+    return loss
+
+
+def one_flat_all_reduce(model, x, y, mesh):       # correct, written another way
+    loss = _forward(model, x, y, mesh)
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)                          # dp x cp is every rank of the mesh
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+    return loss
+
+
+def over_dp_only(model, x, y, mesh):
+    loss = _forward(model, x, y, mesh)
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=dp_group)
+        dist.all_reduce(p.grad, group=mesh["dp"].get_group())
+    return loss
 
 
-def over_cp_only(model, dp_group, cp_group):
+def over_cp_only(model, x, y, mesh):
+    loss = _forward(model, x, y, mesh)
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=cp_group)
+        dist.all_reduce(p.grad, group=mesh["cp"].get_group())
+    return loss
 
 
-def averaged(model, dp_group, cp_group):
+def averaged(model, x, y, mesh):
+    loss = _forward(model, x, y, mesh)
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= dist.get_world_size()
+    return loss
 
 
-def nothing(model, dp_group, cp_group):
-    pass
+def local_count(model, x, y, mesh):               # each rank divides by its own tokens
+    loss = _forward(model, x, y, mesh, local_count=True)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    return loss
 
 
-def raises(model, dp_group, cp_group):
+def raises(model, x, y, mesh):
     raise RuntimeError("forgot the groups")
 
 
 def test_reference_passes_and_wrong_answers_are_named():
-    got = exercises.diagnose([sync_gradients, over_dp_only, over_cp_only, averaged, nothing, raises])
-    (ok, line), *wrong = got
-    assert ok and line.startswith("correct"), line
-    expected = ["context-parallel rank", "data-parallel rank", "divided by the number of ranks",
-                "on every mesh", "forgot the groups"]
-    for (ok, line), words in zip(wrong, expected):
-        assert not ok and words in line and "\n" not in line, line
+    got = exercises.diagnose([train_step, one_flat_all_reduce, exercises.handed_step, over_dp_only,
+                              over_cp_only, averaged, local_count, raises])
+    for ok, line in got[:2]:
+        assert ok and line.startswith("correct"), line
+    expected = [("wrong where it is", "every parameter but layers.*.attn.wk.weight"),
+                ("wrong where it is", "every parameter;"), ("on its own samples alone",),
+                ("divided by the number of ranks",), ("on every mesh",), ("forgot the groups",)]
+    for (ok, line), words in zip(got[2:], expected):
+        assert not ok and "\n" not in line and all(w in line for w in words), (words, line)
+
+
+def test_report_shows_which_gradients_of_the_handed_step_differ(capsys):
+    report = exercises.gradient_report(exercises.handed_step)
+    lines = exercises.show_report(report)
+    differs = {ln.split()[0] for ln in lines[1:] if ln.endswith("differs")}
+    same = {ln.split()[0] for ln in lines[1:] if ln.endswith("same")}
+    assert {"tok.weight", "head.weight", "layers.*.mlp.up.weight"} <= differs, lines
+    assert {"layers.*.attn.wq.weight", "layers.*.attn.wo.weight"} <= same, lines
 
 
 def test_unfinished_exercise_says_so_in_one_line():
-    def sync_gradients(model, dp_group, cp_group):
+    def train_step(model, x, y, mesh):
         raise NotImplementedError
-    line = exercises.check_sync_gradients(sync_gradients)
+    line = exercises.check_train_step(train_step)
     assert line.startswith("not done yet") and "\n" not in line, line

@@ -3,15 +3,17 @@ normalisation that uneven token counts demand.
 
 * ``seed.py``: the one seed checkpoint, the global batches (with uneven valid tokens) and the
   one-process reference run every configuration is compared with;
+* ``loss.py``: each piece's summed loss / the step's global count of valid targets;
 * ``normalisation.py``: per-rank / per-microbatch mean losses against the per-token mean, for
-  DDP, gradient accumulation and pipeline microbatches, and the fix;
-* ``runners_dp.py``, ``runners_model.py``, ``runners_combo.py``: one training step per
-  configuration, built from the packages of notebooks 05-14;
+  DDP, accumulation, DDP with accumulation, context parallelism and torch's pipeline schedule;
+* ``runners_dp.py``, ``runners_model.py``, ``runners_pipeline.py``, ``runners_combo.py``,
+  ``runners_3d.py``: one training step per configuration, built from the packages of 05-14;
 * ``cp_model.py``: the TransformerLM forward on this rank's tokens with ring attention;
-* ``matrix.py``: every configuration in one set of processes, against the reference;
+* ``compare.py``: one configuration against one process (loss curve, final weights);
+* ``matrix.py``: every configuration in 2, 4 and 8 processes, fp32 and fp64, against the reference;
 * ``choose.py``: dp, tp, pp, cp, ep sizes -> a configuration, refused in one line when impossible;
-* ``exercises.py``: the seeded bug of notebook 19 and its check;
-* ``figures.py``: the loss curves and the table of differences.
+* ``exercises.py``: notebook 19's handed step, its gradient report and the check;
+* ``figures.py``: the uneven-token bars, the loss curves and the differences.
 
     python -m source_code.capstone.matrix      # the summary line
 """

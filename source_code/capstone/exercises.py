@@ -1,22 +1,25 @@
-"""The exercise of notebook 19: a DP x CP run whose loss leaves the one-process curve.
+"""The exercise of notebook 19: a DP x CP training step that leaves the one-process curve.
 
-The seeded bug is ``sync_dp_only``: the gradients are summed over the data-parallel group
-only, as a data-parallel code base does before context parallelism is added to it. The
-learner writes ``sync_gradients(model, dp_group, cp_group)``, which must turn each rank's
-gradients into the one-process gradient of the whole global batch (each rank's loss is its
-summed cross-entropy / the GLOBAL number of valid targets).
+``handed_step(model, x, y, mesh)`` is one step of a dp x cp job as it is handed over: this
+rank's samples and tokens, the global-count loss, backward, the gradient reductions. Trained
+from the seed checkpoint (matrix row "DP x CP, as handed over") its loss leaves the
+one-process curve. The learner gets that run and a tool:
 
-    check_sync_gradients(sync_gradients)   # prints one line: correct, or what is wrong
+    report = gradient_report(step)     # one step on a 2 x 2 mesh: per parameter, max |grad - one process|
+    show_report(report)                # grouped by kind of parameter (the layers folded)
 
-The check runs the learner's function on meshes the notebook does not print (dp x cp =
-1 x 2 and 2 x 1, other samples), in 2 processes: a function defined in a notebook cell
-cannot be pickled, so its source is sent and executed there (only torch and dist imported).
+and writes ``train_step(model, x, y, mesh)`` whose gradients equal one process's.
+``check_train_step(train_step)`` prints one line: it runs the step on dp x cp meshes 2 x 2,
+1 x 4 and 4 x 1 in 4 processes, on samples the notebook never shows. A function defined in a
+notebook cell cannot be pickled, so its source is sent and executed there, with the modules and
+importable functions its code names (a name defined only in the notebook is an error).
 Reference: source_code/solutions/nb19_capstone.py.
 """
 from __future__ import annotations
 
 import inspect
 import os
+import re
 import tempfile
 import textwrap
 
@@ -25,126 +28,219 @@ import torch.distributed as dist
 
 from source_code.capstone import seed
 from source_code.capstone.cp_model import cp_logits, my_tokens
-from source_code.capstone.runner import piece
+from source_code.capstone.loss import global_token_count, global_token_loss
+from source_code.capstone.runner import Runner, Spec, full_weights, mesh, piece, report
 from source_code.context_parallel.comm import Ring
-from source_code.workload import lm_loss
+from source_code.mesh.reference import make_optimizer
 
-MESHES = ((1, 2), (2, 1))           # (dp, cp) on 2 ranks
-WORLD = 2
+WORLD = 4
+MESHES = ((2, 2), (1, 4), (4, 1))   # (dp, cp) on 4 ranks; the report's is the first
 TOL = 1e-6
 DATA_SEED = 7                       # samples the notebook never shows
 
 
-def sync_dp_only(model, dp_group, cp_group):
-    """The seeded bug: gradients summed over the data-parallel group only."""
+def handed_step(model, x, y, mesh):
+    """One DP x CP training step on this rank; ``mesh`` has the dimensions ("dp", "cp")."""
+    dp_group, cp_group = mesh["dp"].get_group(), mesh["cp"].get_group()
+    ring = Ring(cp_group)                                           # my samples' other tokens
+    xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())   # my samples
+    ys = my_tokens(ys, ring)                                        # my tokens of them
+    count = global_token_count([ys])                                # every rank's tokens
+    loss = global_token_loss(cp_logits(model, xs, ring), ys, count)
+    loss.backward()
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=dp_group)
+        dist.all_reduce(p.grad, group=dp_group)                     # the other samples' part
+    for block in model.layers:                                      # ring attention mixes tokens:
+        for p in block.attn.parameters():                           # its weights' other-token part
+            dist.all_reduce(p.grad, group=cp_group)
+    return loss
 
 
-def one_step_diffs(path, sync, meshes=MESHES) -> list[dict]:
-    """On every rank: one DP x CP step per mesh with ``sync``; this rank's max |grad - one
-    process| and max |world x grad - one process| (an average in place of a sum) per mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-    world = dist.get_world_size()
-    x, y = seed.batches(1, 8, DATA_SEED)[0]
+def step_runner(spec: Spec, train_step, dp: int = 2, cp: int = 2) -> Runner:
+    """A matrix runner training with ``train_step`` on a (dp, cp) mesh of all the ranks."""
+    grid = mesh((dp, cp), ("dp", "cp"))
+    model = seed.load_seed(spec.path, dtype=spec.dtype)
+    opt = make_optimizer(model.parameters(), spec.lr)
+
+    def step(x, y):
+        loss = train_step(model, x, y, grid)
+        opt.step()
+        opt.zero_grad()
+        return report(loss)                                         # the ranks' shares, added
+    return Runner(step, lambda: full_weights(model))
+
+
+def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) -> list[dict]:
+    """On every rank: one ``train_step`` per mesh from the seed; per mesh {"dp", "cp", "diffs":
+    {parameter: max |grad - one process| over all ranks}, "scale": max |one-process grad|}."""
+    x, y = seed.batches(1, 8, data_seed)[0]
     reference = seed.load_seed(path)
-    lm_loss(reference(x), y, seed.n_valid(y)).backward()
-    ref = [p.grad for p in reference.parameters()]
+    global_token_loss(reference(x), y, int((y != -100).sum())).backward()
+    ref = {n: p.grad for n, p in reference.named_parameters()}
     out = []
     for dp, cp in meshes:
-        mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
         model = seed.load_seed(path)
-        ring = Ring(mesh["cp"].get_group())
-        xs, ys = piece((x, y), mesh["dp"].get_local_rank(), dp)
-        lm_loss(cp_logits(model, xs, ring), my_tokens(ys, ring), seed.n_valid(y)).backward()
-        sync(model, mesh["dp"].get_group(), mesh["cp"].get_group())
-        grads = [p.grad for p in model.parameters()]
-        out.append({"dp": dp, "cp": cp,
-                    "diff": max((g - r).abs().max().item() for g, r in zip(grads, ref)),
-                    "averaged": max((g * world - r).abs().max().item() for g, r in zip(grads, ref))})
+        train_step(model, x, y, mesh((dp, cp), ("dp", "cp")))
+        named = dict(model.named_parameters())
+        diffs = torch.tensor([(named[n].grad - r).abs().max().item() if named[n].grad is not None
+                              else float("inf") for n, r in ref.items()], dtype=torch.float64)
+        dist.all_reduce(diffs, op=dist.ReduceOp.MAX)                # the worst rank's
+        out.append({"dp": dp, "cp": cp, "diffs": dict(zip(ref, diffs.tolist())),
+                    "scale": max(r.abs().max().item() for r in ref.values()),
+                    "factor": _factor(named, ref)})
     return out
 
 
-def _evaluate(path, sources: list) -> list:
-    """On every rank: each (source, name) -> per-mesh diffs, or the error it raised."""
+def _factor(named: dict, ref: dict) -> tuple[float, float]:
+    """(smallest, largest) over the ranks of the best fit a in grad = a x one-process grad."""
+    got = [named[n].grad for n in ref if named[n].grad is not None]
+    want = [r for n, r in ref.items() if named[n].grad is not None]
+    a = sum((g * r).sum() for g, r in zip(got, want)) / sum((r * r).sum() for r in want)
+    lo, hi = torch.tensor([float(a)]), torch.tensor([float(a)])
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return lo.item(), hi.item()
+
+
+def kind_of(name: str) -> str:
+    """The parameter's kind, its layer folded: "layers.2.mlp.up.weight" -> "layers.*.mlp.up.weight"."""
+    return re.sub(r"^layers\.\d+\.", "layers.*.", name)
+
+
+def show_report(report: dict, tol: float = TOL) -> list[str]:
+    """Print one line per kind of parameter: its largest gradient difference on the mesh."""
+    by_kind: dict = {}
+    for name, diff in report["diffs"].items():
+        by_kind[kind_of(name)] = max(by_kind.get(kind_of(name), 0.0), diff)
+    lines = [f"one step on a dp x cp = {report['dp']} x {report['cp']} mesh: max |grad - one process| "
+             f"(largest one-process gradient {report['scale']:.2g})"]
+    lines += [f"  {kind:<26} {diff:9.2e}  {'differs' if diff > tol else 'same'}"
+              for kind, diff in by_kind.items()]
+    print("\n".join(lines))
+    return lines
+
+
+# ------------------------------------------------------------------ running a notebook's function
+def portable(fn) -> tuple[str, str, dict]:
+    """(source, name, {global name: ("module", m) | ("attr", m, qualname)}) of ``fn``: what a
+    fresh process needs to rebuild it (the modules and importable objects its code names)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        raise ValueError(f"cannot read the source of {getattr(fn, '__name__', fn)!r}: define it "
+                         "with `def` in a notebook cell or a .py file") from None
+    codes, names = [fn.__code__], set()
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+    found = {}
+    for name in names & set(fn.__globals__):
+        value = fn.__globals__[name]
+        if inspect.ismodule(value):
+            found[name] = ("module", value.__name__)
+        elif getattr(value, "__module__", "__main__") not in ("__main__", None) and hasattr(value, "__qualname__"):
+            found[name] = ("attr", value.__module__, value.__qualname__)
+    return source, fn.__name__, found
+
+
+def rebuild(source: str, name: str, found: dict):
+    import importlib
+    namespace = {}
+    for key, what in found.items():
+        module = importlib.import_module(what[1])
+        if what[0] == "attr":
+            for part in what[2].split("."):
+                module = getattr(module, part)
+        namespace[key] = module
+    exec(compile(source, f"<{name}>", "exec"), namespace)
+    return namespace[name]
+
+
+def _evaluate(path, functions: list, meshes) -> list:
+    """On every rank: each function -> its per-mesh results, or the one line of its error."""
     results = []
-    for source, name in sources:
-        namespace = {"torch": torch, "dist": dist}
+    for fn in functions:
         try:
-            exec(compile(source, f"<{name}>", "exec"), namespace)
-            results.append(one_step_diffs(path, namespace[name]))
+            results.append(one_step_diffs(path, rebuild(*fn), meshes))
         except Exception as err:   # the learner's error, one line
             results.append(f"{type(err).__name__}: {err}".splitlines()[0])
-    worst = [r if isinstance(r, str) else [dict(m) for m in r] for r in results]
-    for r in worst:                # every rank's worst numbers, so the verdict covers all ranks
-        if not isinstance(r, str):
-            for m in r:
-                for key in ("diff", "averaged"):
-                    t = torch.tensor([m[key]])
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    m[key] = t.item()
-    return worst
+    return results
 
 
-def verdict(result) -> tuple[bool, str]:
-    """(correct?, one line) from one function's per-mesh results."""
-    if isinstance(result, str):
-        return False, f"sync_gradients raised an error on a rank: {result}"
-    bad = [m for m in result if m["diff"] > TOL]
-    if not bad:
-        return True, (f"correct: the gradients equal one process on {len(result)} meshes "
-                      f"(max |diff| {max(m['diff'] for m in result):.1e})")
-    if all(m["averaged"] <= 4 * TOL for m in result):
-        return False, ("the gradients are the one-process gradient divided by the number of ranks: "
-                       "each rank's loss already divides by the global token count, so add the "
-                       "ranks' gradients up instead of averaging them")
-    where = {(m["dp"] > 1, m["cp"] > 1) for m in bad}
-    if len(bad) == len(result):
-        return False, ("the gradients differ from one process on every mesh: each rank's "
-                       "gradient covers only its own samples and its own tokens")
-    if all(cp for _, cp in where) and not any(dp and not cp for dp, cp in where):
-        return False, ("right when the sequence is not split (cp = 1), wrong when it is: a "
-                       "context-parallel rank's gradient covers only its tokens of each sequence")
-    if all(dp for dp, _ in where):
-        return False, ("right when the samples are not split (dp = 1), wrong when they are: a "
-                       "data-parallel rank's gradient covers only its samples")
-    m = bad[0]
-    return False, f"the gradients differ from one process by {m['diff']:.2g} on a dp={m['dp']} x cp={m['cp']} mesh"
-
-
-def _source(fn) -> tuple[str, str]:
-    try:
-        return textwrap.dedent(inspect.getsource(fn)), fn.__name__
-    except (OSError, TypeError):
-        raise ValueError("cannot read the source of sync_gradients: define it with `def` in a "
-                         "notebook cell or a .py file") from None
-
-
-def diagnose(functions) -> list[tuple[bool, str]]:
-    """The verdict of every function of ``functions``, all run in ONE set of processes."""
+def run_steps(functions, meshes=MESHES) -> list:
+    """Every function of ``functions`` on every mesh, in ONE set of 4 processes."""
     from source_code.processes import ProcessesFailed, spawn
-    sources = [_source(fn) for fn in functions]
+    sent = [portable(fn) for fn in functions]
     with tempfile.TemporaryDirectory() as tmp:
         path = seed.save_seed(os.path.join(tmp, "seed.pt"))
         try:
-            results = spawn(_evaluate, WORLD, path, sources, device="cpu", collective_timeout_s=60)[0]
+            return spawn(_evaluate, WORLD, path, sent, meshes, device="cpu", collective_timeout_s=60)[0]
         except ProcessesFailed as err:
             lines = [ln for ln in str(err).splitlines() if ln.strip()]
-            return [(False, f"sync_gradients broke a process: {lines[-1]}")] * len(functions)
+            return [f"the step broke a process: {lines[-1]}"] * len(functions)
+
+
+def gradient_report(train_step, dp: int = 2, cp: int = 2) -> dict | str:
+    """One ``train_step`` on a dp x cp mesh of 4 processes against one process; show_report
+    prints it. (The error's one line, if the step raised one.)"""
+    result = run_steps([train_step], ((dp, cp),))[0]
+    return result if isinstance(result, str) else result[0]
+
+
+# ------------------------------------------------------------------ the check
+def verdict(result, tol: float = TOL) -> tuple[bool, str]:
+    """(correct?, one line) from one function's per-mesh results."""
+    if isinstance(result, str):
+        return False, f"train_step raised an error on a rank: {result}"
+    wrong = {(m["dp"], m["cp"]): sorted({kind_of(n) for n, d in m["diffs"].items() if d > tol})
+             for m in result}
+    bad = {k: v for k, v in wrong.items() if v}
+    worst = max(max(m["diffs"].values()) for m in result)
+    if not bad:
+        return True, f"correct: every gradient equals one process's on {len(result)} meshes (max |diff| {worst:.1e})"
+    kinds = sorted({k for v in bad.values() for k in v})
+    right = sorted({kind_of(n) for n in result[0]["diffs"]} - set(kinds))
+    named = ("the gradients of every parameter" if not right else
+             f"the gradients of every parameter but {', '.join(right)}" if len(right) <= len(kinds) else
+             f"the gradients of {', '.join(kinds)}")
+    if len(bad) == len(result) and all(abs(a * WORLD - 1) < 1e-3 for m in result for a in m["factor"]):
+        return False, ("every gradient is one process's divided by the number of ranks: each rank's "
+                       "loss already divides by the global count, so add the ranks' parts up "
+                       "instead of averaging them")
+    if len(bad) == len(result):
+        return False, (f"{named} differ from one process on every mesh, even where "
+                       "only one kind of split is made")
+    if all(cp > 1 for _, cp in bad):
+        return False, (f"right where the sequence is not split (cp = 1), wrong where it is: {named}; "
+                       "a context-parallel rank computed those on its own tokens alone")
+    if all(dp > 1 for dp, _ in bad):
+        return False, (f"right where the samples are not split (dp = 1), wrong where they are: {named}; "
+                       "a data-parallel rank computed those on its own samples alone")
+    (dp, cp), _ = next(iter(bad.items()))
+    return False, f"{named} differ from one process on the dp={dp} x cp={cp} mesh"
+
+
+def diagnose(functions) -> list[tuple[bool, str]]:
+    """The verdict of every function of ``functions`` (one set of processes for all)."""
+    try:
+        results = run_steps(functions)
+    except ValueError as err:
+        return [(False, str(err))] * len(functions)
     return [verdict(r) for r in results]
 
 
-def check_sync_gradients(sync_gradients, show: bool = True) -> str:
+def check_train_step(train_step, show: bool = True) -> str:
     """Print (``show``) and return one line: ``correct: ...``, ``not done yet: ...`` or ``not yet: ...``."""
     try:
-        source, _ = _source(sync_gradients)
+        source, _, _ = portable(train_step)
     except ValueError as err:
         line = f"not yet: {err}"
     else:
         if "raise NotImplementedError" in source:
-            line = "not done yet: write sync_gradients, then run this cell again"
+            line = "not done yet: write train_step, then run this cell again"
         else:
-            ok, said = diagnose([sync_gradients])[0]
+            ok, said = diagnose([train_step])[0]
             line = said if ok else f"not yet: {said}"
     if show:
         print(line)

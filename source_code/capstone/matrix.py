@@ -1,16 +1,24 @@
-"""Every configuration of the capstone in ONE set of 4 processes, against one process.
+"""Every configuration of the capstone against one process, in fp32 and in fp64.
 
-    python -m source_code.capstone.matrix                 # 4 CPU processes, 3 steps, the table
-    python -m source_code.capstone.matrix --steps 5 --batch-size 16
+    python -m source_code.capstone.matrix                   # 4 + 8 CPU processes, the table
+    python -m source_code.capstone.matrix --steps 5 --steps-fp64 20 --batch-size 16
+    python -m source_code.capstone.matrix --configs DDP "PP x DP x TP"
 
-The processes start once (torch's import costs seconds a process); inside them every
-configuration loads the same seed checkpoint (seed.py), reads the same global batches (uneven
-valid tokens in every sample) in the same order and trains ``--steps`` SGD steps; rank 0
-compares its loss curve and its final weights (gathered: full tensors) with the one-process
-run of the whole batch. The uneven-token gradients of normalisation.py run in the same
-processes first. Rank 0 prints a line per configuration as it finishes; the last line:
+The processes start twice, once per world size (4, then 8 for the three-kind meshes), and run
+every configuration inside them. Each configuration loads the same seed checkpoint (seed.py),
+reads the same global batches (uneven valid tokens in every sample) in the same order, and
+trains ``--steps`` SGD steps in fp32, then ``--steps-fp64`` in fp64 from the same seed;
+rank 0 compares its loss curve and its final weights (gathered: full tensors) with one
+process on the whole batch in the same dtype. In fp32 the arithmetic of a split differs from
+the unsplit one by a few units in the last place (~1e-7 of a loss of 3.5); in fp64 by ~1e-16,
+so a bug that moves a loss by one fp32 unit per step stands out by 8 orders of magnitude.
+The two controls (one process on 4 pieces, DDP with rank-ordered sums) run in fp32 only.
+The uneven-token cases of normalisation.py run first. Rank 0 prints a line per configuration;
+the last line:
 
-    summary: configs=N max_loss_diff=D uneven_tokens_grad_diff_fixed=F uneven_tokens_grad_diff_naive=G
+    summary: parallel_configs=P controls=C three_d_configs=T max_loss_diff=D max_param_diff=W
+             steps=S max_loss_diff_fp64=D64 max_param_diff_fp64=W64 steps_fp64=S64
+             uneven_tokens_grad_diff_fixed=F uneven_tokens_grad_diff_naive=G
 """
 from __future__ import annotations
 
@@ -22,166 +30,200 @@ import torch
 import torch.distributed as dist
 
 from source_code import torch_versions
-from source_code.capstone import normalisation, runners_combo, runners_dp, runners_model, seed
+from source_code.capstone import (compare, normalisation, runners_3d, runners_combo, runners_dp,
+                                  runners_model, runners_pipeline, seed)
+from source_code.capstone.runner import Spec
 from source_code.cli import Parser, positive_float, positive_int
 from source_code.errors import LaunchError, run_main
 from source_code.mesh.parity import quiet_redistribute_warnings
 
-WORLD = 4
-GROUPS = {"data parallel": runners_dp, "model parallel": runners_model, "combinations": runners_combo}
-NAMES = tuple(n for module in GROUPS.values() for n in module.NAMES)
-FULLY_SHARD = ("FSDP2", "FSDP x TP")   # the configurations built on torch's fully_shard
+WORLD = 4                       # the data-parallel family and the pairs (2 x 2)
+FAMILIES = {"data parallel": runners_dp.ROWS,                                   # 4 processes
+            "one model-parallel kind": {**runners_model.ROWS, **runners_pipeline.ROWS},   # 2
+            "two kinds (2 x 2)": runners_combo.ROWS,                             # 4
+            "three kinds (2 x 2 x 2)": runners_3d.ROWS}                          # 8
+WORLDS = {"data parallel": WORLD, "one model-parallel kind": 2, "two kinds (2 x 2)": WORLD,
+          "three kinds (2 x 2 x 2)": runners_3d.WORLD}
+BUILD = {name: build for rows in FAMILIES.values() for name, build in rows.items()}
+NAMES = tuple(BUILD)
+CONTROLS = runners_dp.CONTROLS
+THREE_D = tuple(runners_3d.ROWS)
+NEEDS = {"FSDP2": "fsdp2", "FSDP x TP": "fsdp2", "PP GPipe (torch)": "gpipe",
+         "PP 1F1B (torch)": "pipelining", "PP x DP x TP": "gpipe"}   # torch_versions features
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
 def family(name: str) -> str:
-    return next(k for k, module in GROUPS.items() if name in module.NAMES)
+    if name in CONTROLS:
+        return "control"
+    return next(k for k, rows in FAMILIES.items() if name in rows)
 
 
-def check(steps: int, batch_size: int, names=NAMES) -> None:
+def world_of(name: str) -> int:
+    """Processes of a configuration: every model-parallel kind at degree 2, data parallelism
+    on 4 (its rank-order control needs more than 2 ranks to add in another order)."""
+    return next(WORLDS[k] for k, rows in FAMILIES.items() if name in rows)
+
+
+def check(batch_size: int, names=NAMES) -> None:
     """Refuse what the configurations cannot run, in one line, before any process starts."""
     unknown = [n for n in names if n not in NAMES]
     if unknown:
-        raise LaunchError(f"error: unknown configuration {unknown[0]!r}; choose from {', '.join(NAMES)}")
-    sharded = [n for n in names if n in FULLY_SHARD]
-    if sharded and not torch_versions.supported("fsdp2", "cpu"):   # the processes run on the CPU
-        others = " ".join(repr(n) for n in names if n not in FULLY_SHARD)
-        raise LaunchError(f"{torch_versions.refusal('fsdp2')}; {', '.join(sharded)} use(s) it "
-                          f"(the others run here: --configs {others})")
-    need = 2 * runners_model.MICROBATCHES          # PP x DP: 2 pipelines x 4 microbatches
+        raise LaunchError(f"error: unknown configuration {unknown[0]!r}; choose from "
+                          f"{', '.join(repr(n) for n in NAMES)}")
+    missing = [n for n in names if n in NEEDS and not torch_versions.supported(NEEDS[n], "cpu")]
+    if missing:                                     # the processes run on the CPU with gloo
+        others = " ".join(repr(n) for n in names if n not in missing)
+        raise LaunchError(f"{torch_versions.refusal(NEEDS[missing[0]])}; {', '.join(missing)} "
+                          f"need(s) it (the others run here: --configs {others})")
+    need = 2 * runners_pipeline.MICROBATCHES       # PP x DP: 2 pipelines x 4 microbatches
     if batch_size % need:
         raise LaunchError(f"error: --batch-size {batch_size} must be a multiple of {need} "
-                          f"(2 data-parallel pipelines x {runners_model.MICROBATCHES} microbatches)")
+                          f"(2 data-parallel pipelines x {runners_pipeline.MICROBATCHES} microbatches)")
 
 
-def _max_diff(got: dict, want: dict) -> float:
-    return max(((got[n] - want[n]).abs().max().item() for n in got), default=0.0)
-
-
-KEPT = ("one process, 4 pieces", "DDP, sum in rank order")
-
-
-def measure(runner, data, refs: dict, keep: bool = False) -> dict:
-    """Train ``runner`` on ``data`` (every rank); its loss curve and its largest differences
-    from the one-process reference of its kind (``refs[kind]`` = (losses, weights))."""
-    losses = [runner.step(x, y, seed.n_valid(y)) for x, y in data]
-    weights = runner.weights()
-    ref_losses, ref_weights = refs[runner.kind]
-    diff = torch.tensor([_max_diff(weights, ref_weights)])
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    curves = [None] * dist.get_world_size()
-    dist.all_gather_object(curves, losses if losses[0] is not None else None)
-    curve = next(c for c in curves if c is not None)
-    return {"kind": runner.kind, "losses": curve, "param_diff": diff.item(),
-            "loss_diff": max(abs(a - b) for a, b in zip(curve, ref_losses)),
-            "weights": weights if keep else None}
-
-
-def references(path, data, lr: float, pieces: int = 0) -> dict:
-    """kind -> (losses, weights) of one process, computed on rank 0 and sent to every rank."""
-    refs = [None]
-    if dist.get_rank() == 0:
-        refs = [{kind: seed.reference(path, data, kind, lr) for kind in ("dense", "moe")}]
-        if pieces:
-            refs[0]["pieces"] = seed.reference(path, data, "dense", lr, pieces=pieces)
-    dist.broadcast_object_list(refs)
-    return refs[0]
-
-
-def run_all(path, steps: int, batch_size: int, lr: float, names=NAMES, with_bug: bool = False,
-            choice: dict | None = None) -> dict | None:
-    """On every rank of a 4-process group: the uneven-token case, then every configuration.
-    Rank 0 returns {"uneven", "reference": {kind: losses}, "rows": [...], "order_fixed"}."""
+def run_rows(path, names, steps: dict, batch_size: int, lr: float, kinds=("dense",),
+             extra=None) -> dict | None:
+    """On every rank: each configuration of ``names`` in every dtype of ``steps`` (controls in
+    fp32 only) against the one-process references of ``kinds``; rank 0 prints a line per
+    configuration and returns the rows. ``extra(path, data, refs)`` -> more results."""
     quiet_redistribute_warnings()
-    rank = dist.get_rank()
-    uneven = normalisation.uneven_case(path)
-    data = seed.batches(steps, batch_size)
-    refs = references(path, data, lr, pieces=WORLD)
-    rows, kept = [], {}
+    data = {k: seed.batches(n, batch_size) for k, n in steps.items()}
+    refs = {k: compare.references(path, data[k], lr, DTYPES[k], kinds) for k in steps}
+    rows = []
     for name in names:
-        start = time.perf_counter()
-        row = measure(GROUPS[family(name)].build(name, path, lr), data, refs, keep=name in KEPT)
-        row.update(name=name, family=family(name), seconds=time.perf_counter() - start)
-        if name in KEPT and rank == 0:
-            kept[name] = (row["losses"], row.pop("weights"))
-        row.pop("weights", None)
+        start, row = time.perf_counter(), {"name": name, "family": family(name), "world": world_of(name)}
+        for k in steps:
+            if k == "fp64" and name in CONTROLS:
+                continue
+            got = compare.measure(BUILD[name](Spec(path, lr, DTYPES[k])), data[k], refs[k],
+                                  keep=name in CONTROLS)
+            weights = got.pop("weights")
+            if name in CONTROLS and dist.get_rank() == 0:
+                row["weights"] = weights
+            row[k] = got
+        row["seconds"] = time.perf_counter() - start
+        if dist.get_rank() == 0:
+            print(row_line(row, steps), flush=True)
         rows.append(row)
-        if rank == 0:
-            print(f"{name:<24} loss diff {row['loss_diff']:.1e}  weight diff {row['param_diff']:.1e}"
-                  f"  ({row['seconds']:.1f} s)", flush=True)
-    if with_bug:
-        from source_code.capstone.exercises import sync_dp_only
-        bug = measure(runners_combo.dp_cp(path, lr, sync=sync_dp_only), data, refs)
-        bug.pop("weights", None)
-        if rank == 0:
-            print(f"{'DP x CP, seeded bug':<24} loss diff {bug['loss_diff']:.1e}  weight diff "
-                  f"{bug['param_diff']:.1e}", flush=True)
-    if choice:
-        from source_code.capstone.choose import build
-        mine = measure(build(path, lr, WORLD, **choice), data, refs)
-        mine.pop("weights", None)
+    more = extra(path, data, refs) if extra else {}
     dist.barrier()
-    if rank != 0:
+    if dist.get_rank() != 0:
         return None
-    out = {"uneven": uneven, "reference": {k: v[0] for k, v in refs.items()}, "rows": rows}
-    if with_bug:
-        out["seeded_bug"] = bug
-    if choice:
-        out["choice"] = mine
-    if len(kept) == 2:
-        (c1, w1), (c2, w2) = kept.values()
-        out["order_fixed"] = {"loss_diff": max(abs(a - b) for a, b in zip(c1, c2)),
-                              "param_diff": _max_diff(w2, w1)}
-    return out
+    controls = [r for r in rows if r["name"] in CONTROLS]
+    if len(controls) == 2:   # the same sums in the same order: compared bit for bit
+        (a, b) = controls
+        more["order_fixed"] = {"loss_diff": max(abs(u - v) for u, v in zip(a["fp32"]["losses"], b["fp32"]["losses"])),
+                               "param_diff": compare.max_diff(b["weights"], a["weights"])}
+    for r in controls:
+        r.pop("weights")     # tensors stay in the process
+    return {"rows": rows, "reference": {k: {kind: v[0] for kind, v in refs[k].items()} for k in steps},
+            **more}
 
 
-def run(steps: int = 3, batch_size: int = 8, lr: float = seed.LR, names=NAMES, directory=None,
-        with_bug: bool = False, choice: dict | None = None) -> dict:
-    """Save the seed checkpoint, start 4 CPU processes once, run everything; rank 0's result
-    (``with_bug``: also the DP x CP run with the seeded bug of the exercise, "seeded_bug";
-    ``choice``: sizes for choose.plan on these 4 processes, checked first, "choice")."""
+def row_line(row: dict, steps: dict) -> str:
+    parts = [f"{k} loss diff {row[k]['loss_diff']:.1e} weight diff {row[k]['param_diff']:.1e}"
+             for k in steps if k in row]
+    return f"{row['name']:<24} " + " | ".join(parts) + f"  ({row['seconds']:.1f} s)"
+
+
+def run_world(path, names, steps, batch_size, lr, uneven=False, with_bug=False, choice=None):
+    """One set of processes: the uneven-token cases (``uneven``), the configurations, the
+    exercise's handed step (``with_bug``) and the chosen configuration (``choice``)."""
+    cases = normalisation.uneven_cases(path) if uneven else None
+
+    def extra(path, data, refs):
+        out = {}
+        if with_bug:
+            from source_code.capstone import exercises
+            bug = compare.measure(exercises.step_runner(Spec(path, lr), exercises.handed_step),
+                                  data["fp32"], refs["fp32"])
+            bug.pop("weights")
+            bug["report"] = exercises.one_step_diffs(path, exercises.handed_step, exercises.MESHES[:1])[0]
+            out["seeded_bug"] = bug
+        if choice:
+            from source_code.capstone.choose import build
+            got = compare.measure(build(Spec(path, lr), WORLD, **choice), data["fp32"], refs["fp32"])
+            got.pop("weights")
+            out["choice"] = got
+        return out
+    result = run_rows(path, names, steps, batch_size, lr, ("dense", "moe"), extra)
+    return result and {**result, **({"uneven": cases} if uneven else {})}
+
+
+def run(steps: int = 3, steps_fp64: int = 10, batch_size: int = 8, lr: float = seed.LR,
+        names=NAMES, directory=None, with_bug: bool = False, choice: dict | None = None) -> dict:
+    """Save the seed checkpoint, start the processes (2 for one model-parallel kind and the
+    uneven-token cases, 4 for data parallelism and the pairs, 8 for the three-kind meshes),
+    run everything; rank 0's results merged (``with_bug``: also the exercise's handed DP x CP
+    step, "seeded_bug"; ``choice``: sizes for choose.plan on 4 processes, checked first)."""
     from source_code.processes import spawn
-    check(steps, batch_size, names)
+    check(batch_size, names)
     if choice:
         from source_code.capstone.choose import SIZES, plan
         choice = {**{k: 1 for k in SIZES}, "zero": 0, **choice}
         plan(WORLD, batch_size=batch_size, **choice)
+    counts = {"fp32": steps, "fp64": steps_fp64}
+    by_world = {w: [n for n in names if world_of(n) == w] for w in sorted(set(WORLDS.values()))}
+    result = {"rows": [], "reference": None}
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = seed.save_seed(os.path.join(tmp, "seed.pt"))
-        return spawn(run_all, WORLD, path, steps, batch_size, lr, tuple(names), with_bug,
-                     choice, device="cpu")[0]
+        for world, mine in by_world.items():
+            first, here = world == 2, world == WORLD
+            if not (mine or first or (here and (with_bug or choice))):
+                continue
+            got = spawn(run_world, world, path, mine, counts, batch_size, lr, first,
+                        with_bug and here, choice if here else None, device="cpu")[0]
+            rows = result["rows"] + got.pop("rows")
+            result.update({k: v for k, v in got.items() if k != "reference" or result["reference"] is None})
+            result["rows"] = rows
+    order = {n: i for i, n in enumerate(NAMES)}
+    result["rows"].sort(key=lambda r: order[r["name"]])
+    result["steps"] = counts
+    return result
 
 
 def summary(result: dict) -> dict:
     """The numbers of the summary line from a ``run`` result."""
-    u = result["uneven"]
-    cases = ("ddp", "accumulation", "pipeline")
-    return {"configs": len(result["rows"]),
-            "max_loss_diff": max(r["loss_diff"] for r in result["rows"]),
-            "max_param_diff": max(r["param_diff"] for r in result["rows"]),
+    u, rows = result["uneven"], result["rows"]
+    cases = [c for c in normalisation.cases() if c in u]
+    fp64 = [r["fp64"] for r in rows if "fp64" in r]
+    return {"parallel_configs": sum(r["family"] != "control" for r in rows),
+            "controls": sum(r["family"] == "control" for r in rows),
+            "three_d_configs": sum(r["name"] in THREE_D for r in rows),
+            "max_loss_diff": max(r["fp32"]["loss_diff"] for r in rows),
+            "max_param_diff": max(r["fp32"]["param_diff"] for r in rows),
+            "steps": result["steps"]["fp32"],
+            "max_loss_diff_fp64": max((r["loss_diff"] for r in fp64), default=float("nan")),
+            "max_param_diff_fp64": max((r["param_diff"] for r in fp64), default=float("nan")),
+            "steps_fp64": result["steps"]["fp64"],
+            "uneven_cases": cases,
             "uneven_tokens_grad_diff_fixed": max(u[c]["fixed"] for c in cases),
             "uneven_tokens_grad_diff_naive": min(u[c]["naive"] for c in cases)}
 
 
 def summary_line(s: dict) -> str:
-    return (f"summary: configs={s['configs']} max_loss_diff={s['max_loss_diff']:.3g} "
-            f"uneven_tokens_grad_diff_fixed={s['uneven_tokens_grad_diff_fixed']:.3g} "
-            f"uneven_tokens_grad_diff_naive={s['uneven_tokens_grad_diff_naive']:.3g}")
+    keys = ("parallel_configs", "controls", "three_d_configs", "max_loss_diff", "max_param_diff",
+            "steps", "max_loss_diff_fp64", "max_param_diff_fp64", "steps_fp64",
+            "uneven_tokens_grad_diff_fixed", "uneven_tokens_grad_diff_naive")
+    return "summary: " + " ".join(f"{k}={s[k]:.3g}" if isinstance(s[k], float) else f"{k}={s[k]}"
+                                  for k in keys)
 
 
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=positive_int, default=3)
+    p.add_argument("--steps", type=positive_int, default=3, help="fp32 steps")
+    p.add_argument("--steps-fp64", type=positive_int, default=10, help="fp64 steps")
     p.add_argument("--batch-size", type=positive_int, default=8, help="global batch (a multiple of 8)")
     p.add_argument("--lr", type=positive_float, default=seed.LR)
     p.add_argument("--configs", nargs="+", default=list(NAMES), metavar="NAME",
                    help="a subset of the configurations (quoted names)")
     args = p.parse_args(argv)
-    check(args.steps, args.batch_size, args.configs)
-    result = run(args.steps, args.batch_size, args.lr, args.configs)
+    check(args.batch_size, args.configs)
+    result = run(args.steps, args.steps_fp64, args.batch_size, args.lr, args.configs)
     s = summary(result)
-    print(f"uneven tokens, max |grad - one process|: naive {s['uneven_tokens_grad_diff_naive']:.3g}, "
-          f"fixed {s['uneven_tokens_grad_diff_fixed']:.3g}; weights after {args.steps} steps: "
-          f"max |diff| {s['max_param_diff']:.3g}")
+    print(f"uneven tokens ({', '.join(s['uneven_cases'])}), max |grad - one process|: naive "
+          f"{s['uneven_tokens_grad_diff_naive']:.3g}, fixed {s['uneven_tokens_grad_diff_fixed']:.3g}")
     print(summary_line(s))
     return 0
 

@@ -1,56 +1,47 @@
 """Loss normalisation with uneven tokens: the mean of per-piece means is not the per-token mean.
 
-A batch split over ranks (DDP) or over microbatches (gradient accumulation, a pipeline
-schedule) gives each piece its own number of valid targets (padding, packing, a masked loss).
-The usual code computes each piece's MEAN loss and then averages the pieces: DDP averages
-the gradients over ranks, accumulation divides each loss by the number of microbatches, and
-torch's pipeline schedules scale the gradients by 1/microbatches. That weights every piece
-equally, so a token in a short piece counts more than a token in a long one. The per-token
-mean of one process on the whole batch weights every token equally. The fix:
+A batch split over ranks (DDP, context parallelism) or over microbatches (gradient
+accumulation, a pipeline schedule) gives each piece its own number of valid targets (padding,
+packing, a masked prompt). The usual code computes each piece's MEAN loss and then averages the
+pieces: DDP averages the gradients over ranks, accumulation divides each microbatch's loss by
+the number of microbatches, torch's pipeline schedules divide the gradients by it
+(``scale_grads=True``, their default, "for loss functions which perform 'mean' loss
+reduction"), and a data x context-parallel mesh averages over its ranks. That weights every
+piece equally, so a token in a short piece counts more than a token in a long one. The fix
+(loss.py): the count of every piece of the step, summed over the ranks and microbatches
+BEFORE the first backward, and each piece's summed loss divided by it; gradients summed, not
+averaged (or the loss multiplied by the number of ranks a wrapper averages over).
 
-    loss_sum = F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
-    n_valid = (targets != -100).sum()            # this piece's tokens
-    dist.all_reduce(n_valid, group=group)        # everyone's tokens (accumulation: add them up)
-    loss = loss_sum / n_valid                    # divide once, by the global count
+``uneven_cases`` runs on ranks 0 and 1 of a process group (the others return at once) and
+compares each case's gradients, naive and fixed, with the one-process gradient of the whole
+batch:
 
-and, where a wrapper averages gradients over the ranks (DDP, FSDP), multiply the loss by the
-number of ranks to undo that average (or reduce with a SUM).
-
-``uneven_case`` runs on ranks 0 and 1 of a process group (the others return at once): the
-gradients of DDP, of accumulation and of a 2-stage GPipe pipeline, naive and fixed, against
-the one-process gradient of the whole batch.
+    ddp              DDP on 2 ranks, 2 samples each (16 + 12 valid targets against 3 + 1)
+    accumulation     one process, 2 microbatches of 2 samples
+    dp_accumulation  DDP on 2 ranks x 2 microbatches of 1 sample (torchtitan's case)
+    cp               ring attention on 2 ranks; 4 EQUAL samples of 12 valid targets each, but
+                     the zigzag chunks give rank 0 4 of them per sample and rank 1 8
+    torch_pipeline   torch's ScheduleGPipe, 2 stages x 2 microbatches (scale_grads on / off)
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from source_code import torch_versions
 from source_code.capstone import seed
-from source_code.distributed import context
-from source_code.pipeline import simulator
-from source_code.pipeline.comms import StageLink
-from source_code.pipeline.schedules import run_step
+from source_code.capstone.cp_model import cp_logits, my_tokens
+from source_code.capstone.loss import (global_token_count, global_token_loss, local_token_count,
+                                       mean_loss)
+from source_code.context_parallel.comm import Ring
 from source_code.pipeline.stages import TransformerStage
 
-COUNTS = (16, 12, 3, 1)   # valid targets of the 4 samples: rank 0 holds 28, rank 1 holds 4
-
-
-def global_token_loss(logits, targets, group=None):
-    """Summed cross-entropy of this piece / valid targets of ALL pieces (a collective)."""
-    loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
-                               reduction="sum")
-    n_valid = (targets != -100).sum()
-    dist.all_reduce(n_valid, group=group)
-    return loss_sum / n_valid
-
-
-def mean_loss(logits, targets):
-    """The per-piece mean every framework computes by default."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+COUNTS = (16, 12, 3, 1)       # valid targets of the 4 samples: rank 0 holds 28, rank 1 holds 4
+EQUAL = (12, 12, 12, 12)      # the context-parallel case: equal samples, unequal chunks
+MICRO = 2
 
 
 def uneven_batch(counts=COUNTS):
@@ -63,6 +54,10 @@ def uneven_batch(counts=COUNTS):
     return x, y
 
 
+def grads(named) -> dict:
+    return {n: p.grad.clone() for n, p in named}
+
+
 def max_grad_diff(named_grads: dict, reference: dict) -> float:
     return max((g - reference[n]).abs().max().item() for n, g in named_grads.items())
 
@@ -72,81 +67,104 @@ def one_process(path, x, y):
     model = seed.load_seed(path)
     loss = mean_loss(model(x), y)
     loss.backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, loss.item()
+    return grads(model.named_parameters()), loss.item()
 
 
-def ddp_grads(path, x, y, fixed: bool, group) -> tuple[dict, float]:
-    """DDP on the 2 ranks of ``group``, each on half the batch; the loss every rank reports."""
+def ddp_case(path, x, y, fixed: bool, group, micro: int = 1) -> tuple[dict, float]:
+    """DDP on the 2 ranks of ``group``, each on half the batch in ``micro`` microbatches;
+    the loss it reports (the same on both ranks)."""
     me, world = dist.get_rank(group), dist.get_world_size(group)
     model = DDP(seed.load_seed(path), process_group=group)
-    xs, ys = x.chunk(world)[me], y.chunk(world)[me]
-    if fixed:   # DDP averages the gradients over the ranks: x world undoes it
-        loss = global_token_loss(model(xs), ys, group) * world
-    else:
-        loss = mean_loss(model(xs), ys)
-    loss.backward()
-    shown = loss.detach() / (world if fixed else 1)
+    pieces = list(zip(x.chunk(world)[me].chunk(micro), y.chunk(world)[me].chunk(micro)))
+    count = global_token_count([ys for _, ys in pieces], group) if fixed else None   # first
+    shown = torch.zeros(1)
+    for i, (xs, ys) in enumerate(pieces):
+        with model.no_sync() if i < micro - 1 else contextlib.nullcontext():
+            if fixed:   # DDP averages the gradients over the ranks: x world undoes it
+                loss = global_token_loss(model(xs), ys, count)
+                (loss * world).backward()
+            else:
+                loss = mean_loss(model(xs), ys) / micro
+                loss.backward()
+        shown += loss.detach()
     dist.all_reduce(shown, group=group)
-    reported = shown.item() / (1 if fixed else world)
-    return {n: p.grad.clone() for n, p in model.module.named_parameters()}, reported
+    return grads(model.module.named_parameters()), shown.item() / (1 if fixed else world)
 
 
-def accumulation_grads(path, x, y, fixed: bool, micro: int = 2) -> dict:
+def accumulation_case(path, x, y, fixed: bool, micro: int = MICRO) -> dict:
     """One process, ``micro`` microbatches, gradients accumulated."""
     model = seed.load_seed(path)
-    total = int((y != -100).sum())
-    for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+    pieces = list(zip(x.chunk(micro), y.chunk(micro)))
+    count = local_token_count([ys for _, ys in pieces])               # all fetched first
+    for xs, ys in pieces:
         logits = model(xs)
-        if fixed:
-            loss = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), ignore_index=-100,
-                                   reduction="sum") / total
-        else:
-            loss = mean_loss(logits, ys) / micro
+        loss = global_token_loss(logits, ys, count) if fixed else mean_loss(logits, ys) / micro
         loss.backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
+    return grads(model.named_parameters())
 
 
-def _pipeline_loss(out, target, total, micro, fixed):
-    if fixed:
-        return F.cross_entropy(out.flatten(0, 1), target.flatten(), ignore_index=-100,
-                               reduction="sum") / total
-    return mean_loss(out, target) / micro      # torch's schedules: scale_grads divides by m
+def cp_case(path, x, y, fixed: bool, group) -> dict:
+    """Ring attention over the 2 ranks of ``group``: each its zigzag tokens of every sample.
+    Naive: each rank's mean over its tokens, gradients averaged over the ranks."""
+    ring, world = Ring(group), dist.get_world_size(group)
+    model = seed.load_seed(path)
+    logits, ys = cp_logits(model, x, ring), my_tokens(y, ring)
+    loss = global_token_loss(logits, ys, global_token_count([ys], group)) if fixed else mean_loss(logits, ys)
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, group=group)
+        if not fixed:
+            p.grad /= world                   # as DDP or FSDP over a dp x cp mesh average
+    return grads(model.named_parameters())
 
 
-def pipeline_grads(path, x, y, fixed: bool, group, micro: int = 2) -> dict:
-    """GPipe (pipeline/schedules.py) over the 2 ranks of ``group``: this stage's gradients."""
+def torch_pipeline_case(path, x, y, fixed: bool, group, micro: int = MICRO) -> dict:
+    """torch's ScheduleGPipe over the 2 ranks of ``group``, one stage each: this stage's
+    gradients. Naive: the mean loss per microbatch and torch's default scale_grads=True."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     s, p = dist.get_rank(group), dist.get_world_size(group)
-    stage = TransformerStage(seed.load_seed(path), s, p)
-    link = StageLink(s, p, context().device, ranks=dist.get_process_group_ranks(group), group=group)
-    loss_fn = functools.partial(_pipeline_loss, total=int((y != -100).sum()), micro=micro, fixed=fixed)
-    b, t = x.shape
-    run_step(stage, simulator.stage_order("gpipe", p, micro, s), link,
-             (b // micro, t, stage_dim(path)), inputs=list(x.chunk(micro)) if s == 0 else None,
-             targets=list(y.chunk(micro)) if s == p - 1 else None, loss_fn=loss_fn)
-    return {n: q.grad.clone() for n, q in zip(stage.source_names, stage.parameters())}
+    module = TransformerStage(seed.load_seed(path), s, p)
+    stage = PipelineStage(module, s, p, torch.device("cpu"), group=group)
+    count = local_token_count(y.chunk(micro))                         # before the schedule runs
+    if fixed:
+        schedule = ScheduleGPipe(stage, micro, loss_fn=lambda out, t: global_token_loss(out, t, count),
+                                 scale_grads=False)
+    else:
+        schedule = ScheduleGPipe(stage, micro, loss_fn=mean_loss)    # scale_grads=True: / micro
+    schedule.step(x) if s == 0 else schedule.step(target=y, losses=[])
+    return {n: q.grad.clone() for n, q in zip(module.source_names, module.parameters())}
 
 
-def stage_dim(path) -> int:
-    return torch.load(path, map_location="cpu", weights_only=True)["cfg"]["dim"]
+def cases() -> tuple:
+    """The cases this torch runs (torch's GPipe on gloo: torch_versions, "gpipe")."""
+    return ("ddp", "accumulation", "dp_accumulation", "cp") + (
+        ("torch_pipeline",) if torch_versions.supported("gpipe", "cpu") else ())
 
 
-def uneven_case(path) -> dict | None:
-    """On every rank of the job; ranks 0 and 1 compute, the others wait. Rank 0 returns
-    {"counts", "losses": {"per-token", "mean of rank means"}, "ddp"|"accumulation"|"pipeline":
-    {"naive", "fixed"} max |gradient - one process|}, rank 1 the same, the others None."""
+def uneven_cases(path) -> dict | None:
+    """On every rank of the job; ranks 0 and 1 compute, the others wait. Ranks 0 and 1 return
+    {"counts", "equal", "losses": {"per-token", "ddp naive", "ddp fixed"}, case: {"naive",
+    "fixed"} max |gradient - one process| over both ranks' parameters}; the others None."""
     group = dist.new_group([0, 1])          # every rank must take part in making the group
     if dist.get_rank() > 1:
         return None
     x, y = uneven_batch()
+    xe, ye = uneven_batch(EQUAL)
     ref, ref_loss = one_process(path, x, y)
-    out = {"counts": list(COUNTS), "losses": {"per-token": ref_loss}}
+    ref_equal, _ = one_process(path, xe, ye)
+    out = {"counts": list(COUNTS), "equal": list(EQUAL), "losses": {"per-token": ref_loss}}
     for fixed in (False, True):
         key = "fixed" if fixed else "naive"
-        grads, reported = ddp_grads(path, x, y, fixed, group)
-        out.setdefault("ddp", {})[key] = max_grad_diff(grads, ref)
+        got, reported = ddp_case(path, x, y, fixed, group)
         out["losses"]["ddp " + key] = reported
-        out.setdefault("accumulation", {})[key] = max_grad_diff(accumulation_grads(path, x, y, fixed), ref)
-        diff = torch.tensor([max_grad_diff(pipeline_grads(path, x, y, fixed, group), ref)])
-        dist.all_reduce(diff, op=dist.ReduceOp.MAX, group=group)   # both stages' parameters
-        out.setdefault("pipeline", {})[key] = diff.item()
+        diffs = {"ddp": max_grad_diff(got, ref),
+                 "accumulation": max_grad_diff(accumulation_case(path, x, y, fixed), ref),
+                 "dp_accumulation": max_grad_diff(ddp_case(path, x, y, fixed, group, MICRO)[0], ref),
+                 "cp": max_grad_diff(cp_case(path, xe, ye, fixed, group), ref_equal)}
+        if "torch_pipeline" in cases():
+            diffs["torch_pipeline"] = max_grad_diff(torch_pipeline_case(path, x, y, fixed, group), ref)
+        for case, diff in diffs.items():
+            t = torch.tensor([diff], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)    # both ranks' parameters
+            out.setdefault(case, {})[key] = t.item()
     return out

@@ -2,12 +2,16 @@
 
 A ``Runner`` trains one configuration on this rank:
 
-* ``step(x, y, count)``: one training step on the global batch (x, y) whose valid targets
-  number ``count`` (every configuration cuts out its own part); returns the global loss on
-  the ranks that know it, None elsewhere;
+* ``step(x, y)``: one training step on the global batch (x, y): the configuration cuts out its
+  own piece (its samples, its tokens, its microbatches), counts the valid targets of the whole
+  batch over the ranks holding other tokens (loss.global_token_count) and trains; returns the
+  global loss on the ranks that know it, None elsewhere;
 * ``weights()``: name -> full tensor for every parameter this rank holds (collective for
   sharded ones: every rank of the configuration calls it);
 * ``kind``: which seed model and reference it is compared with ("dense" or "moe").
+
+A builder takes a ``Spec``: the seed checkpoint, the learning rate and the dtype (fp32, or fp64
+where a configuration must then agree with one process to ~1e-12).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.measure import DTensor
 
@@ -27,6 +32,46 @@ class Runner:
     kind: str = "dense"
 
 
+@dataclass(frozen=True)
+class Spec:
+    path: str                       # the seed checkpoint (seed.save_seed)
+    lr: float
+    dtype: torch.dtype = torch.float32
+
+
+_MESHES: dict = {}
+_GROUPS: dict = {}
+
+
+def mesh(shape: tuple, names: tuple):
+    """A DeviceMesh over all ranks (the last dimension varies fastest), made once per process:
+    every configuration of that shape shares its process groups (making one costs a
+    rendezvous of every rank)."""
+    key = (dist.get_world_size(), tuple(shape), tuple(names))
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
+    return _MESHES[key]
+
+
+def flat_group(grid, dims: tuple):
+    """The process group of the ranks that differ from this one only along ``dims`` of ``grid``
+    (those dimensions flattened into one, e.g. ("dp", "cp"): every rank holding other tokens),
+    made once per process. Every rank makes every such group, in the same order."""
+    key = (id(grid), tuple(dims))
+    if key not in _GROUPS:
+        names = list(grid.mesh_dim_names)
+        order = [names.index(n) for n in names if n not in dims] + [names.index(d) for d in dims]
+        size = 1
+        for d in dims:
+            size *= grid.size(names.index(d))
+        mine = None
+        for ranks in grid.mesh.permute(*order).reshape(-1, size).tolist():
+            group = dist.new_group(ranks)
+            mine = group if dist.get_rank() in ranks else mine
+        _GROUPS[key] = mine
+    return _GROUPS[key]
+
+
 def full_weights(model) -> dict:
     """name -> full tensor (DTensors gathered: a collective on every rank of their mesh)."""
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
@@ -34,10 +79,12 @@ def full_weights(model) -> dict:
 
 
 def sum_gradients(params, group=None) -> None:
-    """Add up each gradient over ``group`` (the loss already carries 1/global count)."""
+    """Add up each gradient (its local shard for a DTensor) over ``group``: each rank's loss
+    already carries 1/global count, so the pieces' gradients ADD UP to the whole batch's."""
     for p in params:
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(g, group=group)
 
 
 def report(loss: torch.Tensor, group=None) -> float:

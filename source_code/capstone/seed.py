@@ -1,22 +1,24 @@
 """One model, one seed checkpoint, one data order: what every configuration of the capstone shares.
 
-* ``config()``: the TransformerLM sizes (small: 4 layers so that 4 pipeline stages exist);
+* ``config()``: the TransformerLM sizes (small: 2 layers, the 2 stages of every pipeline here);
 * ``save_seed(path)``: the dense TransformerLM and its MoE variant initialised once and saved
   (a seed checkpoint, as torchtitan's convergence checks start from one); every configuration
   ``load_seed``s it, whatever it shards afterwards;
 * ``batches(steps, batch_size)``: the global batches of the sort task, with a different number
   of valid targets in every sample (the rest masked to -100, as padding or a masked loss does):
   uneven token counts on purpose, so that only a correctly normalised loss matches;
-* ``reference(...)``: one process on the whole global batch: the loss curve and final weights.
+* ``reference(...)``: one process on the whole global batch: the loss curve and final weights,
+  in fp32 or in fp64 (``dtype``: the model's weights and arithmetic; the data are integers).
 
-The loss of a step is ``workload.lm_loss``: the summed cross-entropy / the number of valid
-targets of the WHOLE global batch, so that any split adds up to it.
+The loss of a step is ``loss.global_token_loss``: the summed cross-entropy / the number of
+valid targets of the WHOLE global batch, so that any split adds up to it.
 """
 from __future__ import annotations
 
 import torch
 
 from source_code import workload
+from source_code.capstone.loss import global_token_loss, local_token_count
 from source_code.expert_parallel.moe import moe_transformer
 from source_code.mesh.reference import make_optimizer
 
@@ -24,7 +26,7 @@ N_EXPERTS = 4
 LR = 0.1
 
 
-def config(layers: int = 4, dim: int = 32, heads: int = 4) -> dict:
+def config(layers: int = 2, dim: int = 32, heads: int = 4) -> dict:
     return workload.model_config(dim=dim, n_layers=layers, n_heads=heads)
 
 
@@ -40,12 +42,13 @@ def save_seed(path, cfg: dict | None = None, seed: int = 0) -> str:
     return str(path)
 
 
-def load_seed(path, kind: str = "dense", device="cpu"):
-    """A fresh model holding the seed checkpoint's weights (every rank: the whole model)."""
+def load_seed(path, kind: str = "dense", dtype=torch.float32, device="cpu"):
+    """A fresh model holding the seed checkpoint's weights (every rank: the whole model), in
+    ``dtype`` (fp64: the fp32 seed values exactly, then computed in double precision)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = workload.build_model(ckpt["cfg"], 0) if kind == "dense" else moe_model(ckpt["cfg"])
     model.load_state_dict(ckpt[kind])
-    return model.to(device)
+    return model.to(device=device, dtype=dtype)
 
 
 def ragged(y: torch.Tensor, seed: int) -> torch.Tensor:
@@ -74,18 +77,18 @@ def n_valid(y: torch.Tensor) -> int:
 
 
 def reference(path, data, kind: str = "dense", lr: float = LR, pieces: int = 1,
-              device="cpu") -> tuple[list[float], dict]:
+              dtype=torch.float32, device="cpu") -> tuple[list[float], dict]:
     """(loss of every step, name -> final weight): one process on the whole global batch.
 
     ``pieces`` > 1: the batch in that many consecutive slices, their gradients accumulated in
     order (the same numbers a data-parallel run adds, summed in rank order)."""
-    model = load_seed(path, kind, device)
+    model = load_seed(path, kind, dtype, device)
     opt = make_optimizer(model.parameters(), lr)
     losses = []
     for x, y in data:
-        count, total = n_valid(y), 0.0
+        count, total = local_token_count([y]), 0.0
         for xs, ys in zip(x.chunk(pieces), y.chunk(pieces)):
-            loss = workload.lm_loss(model(xs.to(device)), ys.to(device), count)
+            loss = global_token_loss(model(xs.to(device)), ys.to(device), count)
             loss.backward()
             total += loss.item()
         opt.step()

@@ -6,9 +6,23 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from source_code.capstone.cp_model import cp_logits, my_tokens
+from source_code.capstone.loss import global_token_count, global_token_loss
+from source_code.capstone.runner import piece
+from source_code.context_parallel.comm import Ring
 
-def sync_gradients(model, dp_group, cp_group):
-    """Each rank's gradient covers its samples (dp) and its tokens (cp): add them all up."""
+
+def train_step(model, x, y, mesh):
+    """The handed step with every gradient summed over dp AND cp: each layer of a
+    context-parallel rank (embeddings, norms, MLPs, head, not only attention) computed on its
+    tokens alone, so every gradient holds only its tokens' part."""
+    dp_group, cp_group = mesh["dp"].get_group(), mesh["cp"].get_group()
+    ring = Ring(cp_group)
+    xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
+    ys = my_tokens(ys, ring)
+    loss = global_token_loss(cp_logits(model, xs, ring), ys, global_token_count([ys]))
+    loss.backward()
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=dp_group)   # the other samples
-        dist.all_reduce(p.grad, group=cp_group)   # the other tokens of the same samples
+        dist.all_reduce(p.grad, group=dp_group)      # the other samples' part
+        dist.all_reduce(p.grad, group=cp_group)      # the other tokens' part
+    return loss
