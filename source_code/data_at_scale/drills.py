@@ -1,0 +1,132 @@
+"""The loops of loops.py on real processes (``processes.spawn``, gloo on the CPU), watched from
+outside: the batches are wrapped to count what each rank took, the steps' ids are recorded by a
+hook, and a hang ends in a short collective timeout with one line per rank.
+
+* ``uneven``: whole shards per rank (WebDataset's ``split_by_node``) under plain DDP: the ranks
+  with fewer shards finish first and wait at the epoch's end while the others wait in DDP's
+  all-reduce; each rank reports where it stopped (``diagnose`` makes the one line);
+* ``join_and_pad``: the same shards under ``Join``, then the epoch split by sample and padded;
+* ``resume``: the global cursor's loop for ``stop_after`` steps (or to the epoch's end) from
+  the snapshot, if there is one; a snapshot with the cursor at the end.
+
+Data: every rank reads the tar shards with WebDataset; the DDP model is model.build's.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from source_code import checkpoint
+from source_code.distributed import cleanup
+from source_code.data_at_scale import cursor as cur, loops, model as mdl
+from source_code.data_at_scale.formats import as_array, load_shards
+
+
+class Taken:
+    """The batches of a list of ids, counting how many the loop has taken."""
+
+    def __init__(self, samples, ids: list[int], batch: int):
+        self.samples, self.ids, self.batch, self.taken = samples, ids, batch, 0
+
+    def __len__(self) -> int:
+        return cur.steps(self.ids, self.batch)
+
+    def __iter__(self):
+        for start in range(0, len(self.ids), self.batch):
+            self.taken += 1
+            yield mdl.collate(self.samples, self.ids[start:start + self.batch])
+
+
+def _ddp(seed: int):
+    model = DDP(mdl.build(dim=16, layers=1, seed=seed))   # small: the lesson is the data
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+
+def _epoch_by_shard(urls, shards, batch, seed, joined: bool) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    found = load_shards(urls, split=True)                       # this rank's shards, read by WebDataset
+    mine = cur.by_shard(shards, rank, world)
+    assert sorted(found) == sorted(mine), "split_by_node and by_shard disagree"
+    batches = Taken(as_array(found, sum(map(len, shards))), mine, batch)
+    model, opt = _ddp(seed)
+    out = {"rank": rank, "batches": len(batches), "ids": mine}
+    start = time.perf_counter()
+    try:
+        out["steps"] = (loops.train_epoch_joined if joined else loops.train_epoch)(model, opt, batches)
+        out["hang"] = False
+    except Exception as exc:  # DistBackendError / RuntimeError: the timeout, or a peer that left
+        finished = batches.taken == len(batches)
+        out.update(hang=True, steps=batches.taken - (not finished), error=first_line(exc),
+                   where="the barrier at the epoch's end" if finished
+                   else f"DDP's gradient all-reduce of step {batches.taken}")
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def uneven(urls, shards, batch: int, seed: int = 0) -> dict:
+    """Spawned with a short collective timeout: plain DDP on whole shards per rank."""
+    out = _epoch_by_shard(urls, shards, batch, seed, joined=False)
+    if out["hang"]:
+        cleanup(barrier=False)   # a broken group: tear it down here, no barrier
+    return out
+
+
+def join_and_pad(urls, shards, batch: int, seed: int = 0) -> dict:
+    """Spawned: whole shards per rank under Join, then the epoch split by sample and padded."""
+    joined = _epoch_by_shard(urls, shards, batch, seed, joined=True)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    samples = as_array(load_shards(urls))
+    ids = cur.by_sample(cur.epoch_order(len(samples), 0, seed), rank, world, fix="pad")
+    batches = Taken(samples, ids, batch)
+    model, opt = _ddp(seed)
+    return {"joined": joined, "padded": {"rank": rank, "steps": loops.train_epoch(model, opt, batches),
+                                         "ids": ids}}
+
+
+def first_line(exc: BaseException) -> str:
+    """The error's first line without its C++ source location."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "] " in text and text.startswith("["):
+        text = text.split("] ", 1)[1]
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+def diagnose(reports: list[dict], timeout_s: float) -> list[str]:
+    """One line per rank, then the verdict, in the style of notebook 15's hang drill."""
+    lines = [f"[rank {r['rank']}] {r['batches']} batches, {r['steps']} steps done, waiting in {r['where']}: "
+             f"{r['error']}" for r in sorted(reports, key=lambda r: r["rank"]) if r["hang"]]
+    early = sorted(r["rank"] for r in reports if r["hang"] and r["where"].startswith("the barrier"))
+    late = sorted(r["rank"] for r in reports if r["hang"] and not r["where"].startswith("the barrier"))
+    if early and late:
+        lines.append(f"hang detected: rank(s) {early} ran out of batches and wait at the epoch's end while "
+                     f"rank(s) {late} wait in DDP's all-reduce for them; the {timeout_s:g} s collective "
+                     f"timeout ended it")
+    return lines
+
+
+def resume(urls, ckpt: str, global_batch: int, stop_after: int | None, seed: int = 0) -> dict:
+    """Spawned: the cursor's loop from the snapshot at ``ckpt`` (when there is one), then a snapshot."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    samples = as_array(load_shards(urls))
+    cursor = cur.GlobalCursor(len(samples), global_batch, seed)
+    model, opt = _ddp(seed)
+    if os.path.exists(ckpt):
+        cursor.load_state_dict(checkpoint.load_snapshot(ckpt, model, opt)["extra"]["cursor"])
+    start = dict(cursor.state_dict())
+    steps = []   # the ids each step trained on this rank (pads left out)
+    loops.train_from_cursor(model, opt, cursor, samples, rank, world, stop_after,
+                            on_step=lambda ids: steps.append([i for i in ids if i != cur.PAD]))
+    checkpoint.save_snapshot(ckpt, model, opt, cursor.epoch, extra={"cursor": cursor.state_dict()})
+    return {"rank": rank, "world": world, "start": start, "end": cursor.state_dict(), "steps": steps}
+
+
+def count(ids: list[int], n: int) -> dict:
+    """repeated (seen more than once, counted per extra time) and missing ids of an epoch of n."""
+    unique = set(ids)
+    return {"seen": len(ids), "unique": len(unique), "repeated": len(ids) - len(unique),
+            "missing": n - len(unique & set(range(n)))}

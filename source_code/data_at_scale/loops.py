@@ -1,0 +1,58 @@
+"""The training loops notebook 20 shows: plain DDP over a rank's own batches, the same under
+``Join``, and the loop that reads its batches from the global cursor.
+
+Nothing here counts or times: the drills (drills.py) wrap the batches and the steps to see
+what happened, and the Slurm job (train.py) passes ``on_step`` to log what each step read.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+
+from source_code.data_at_scale.model import collate, weighted_loss
+
+
+def run_batches(model, optimizer, batches) -> int:
+    steps = 0
+    for x, y, w in batches:
+        loss = weighted_loss(model, x, y, w)
+        optimizer.zero_grad()
+        loss.backward()            # DDP all-reduces the gradients here: every rank must take part
+        optimizer.step()
+        steps += 1
+    return steps
+
+
+def train_epoch(model, optimizer, batches) -> int:
+    """Plain DDP: each rank runs its own batches, then meets the others at the epoch's end."""
+    steps = run_batches(model, optimizer, batches)
+    dist.barrier()                 # the epoch's end (validation, a snapshot): every rank meets here
+    return steps
+
+
+def train_epoch_joined(model, optimizer, batches) -> int:
+    """The same under torch's Join: a rank out of batches answers the others' all-reduces with
+    zeros until every rank is done (DDP still divides by the whole world size: the last steps'
+    gradients are smaller, unless DDP's join hook gets divide_by_initial_world_size=False)."""
+    with Join([model]):
+        steps = run_batches(model, optimizer, batches)
+    dist.barrier()
+    return steps
+
+
+def train_from_cursor(model, optimizer, cursor, samples, rank: int, world: int,
+                      stop_after: int | None = None, on_step=None, device="cpu") -> int:
+    """From the cursor to the end of its epoch (or ``stop_after`` steps): the same steps on every rank."""
+    epoch, done = cursor.epoch, 0
+    while cursor.epoch == epoch and done != stop_after:
+        ids = cursor.batch_for(rank, world)        # B/W ids of the next global batch, PAD at the epoch's end
+        x, y, w = collate(samples, ids, device)
+        loss = weighted_loss(model, x, y, w, cursor.real_in_batch() / world)   # DDP's mean: the batch's
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if on_step is not None:
+            on_step(ids)
+        cursor.advance()
+        done += 1
+    return done

@@ -1,0 +1,193 @@
+"""Notebook 20 in one run: file layouts counted, staging, uneven shards, resume on another world
+size, the loaders' resume, shuffles; ending with the ``summary:`` line.
+
+    python -m source_code.data_at_scale.report                 # about a minute on 2 CPU cores
+    python -m source_code.data_at_scale.report --samples 12100 --per-shard 1280
+
+Each function here runs one part and returns its numbers; the notebook calls them one by one
+(each once) and ``summary_line`` gathers what they found. The multi-process parts start their
+ranks with ``processes.spawn`` (gloo on the CPU: the lessons are about data, not devices).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from source_code import processes
+from source_code.cli import Parser, positive_float, positive_int
+from source_code.errors import LaunchError, run_main
+from source_code.data_at_scale import cursor as cur, drills, formats, fsops, samplers, shuffling, staging
+
+WORLD, RESUME_WORLD = 4, 3          # the drills' world sizes
+LOCAL_BATCH, GLOBAL_BATCH, STOP_AFTER = 16, 48, 9
+
+
+def prepare(root, n: int = 1210, per_shard: int = 128) -> dict:
+    """The sort task's samples written in the four layouts under ``root`` (the "shared" copy)."""
+    samples = formats.make_samples(n)
+    paths = formats.write_all(samples, Path(root) / "shared", per_shard)
+    shards = [list(range(s, min(s + per_shard, n))) for s in range(0, n, per_shard)]
+    return {"root": str(root), "samples": samples, "paths": paths, "urls": paths["shards"],
+            "shards": shards, "held_out": formats.make_samples(256, seed=1)}
+
+
+def layouts(prep: dict) -> list[dict]:
+    """One epoch of each layout from the shared copy: requests, bytes, CPU, and time on Lustre."""
+    sources = {"loose": str(prep["paths"]["loose"]), "shards": prep["urls"],
+               "array": str(prep["paths"]["array"]), "arrow": str(prep["paths"]["arrow"])}
+    rows = []
+    for name, reader in formats.READERS.items():
+        row = fsops.epoch(reader, sources[name], Path(prep["root"]) / "shared")
+        rows.append({"layout": name, **row, "lustre_s": fsops.on_shared(row)})
+    return rows
+
+
+def staged(prep: dict) -> list[dict]:
+    """Shards and loose files copied to a node-local directory: the copy against what it saves."""
+    rows = []
+    for layout, reader, src in (("shards", formats.read_shards, Path(prep["urls"][0]).parent),
+                                ("loose", formats.read_loose, prep["paths"]["loose"])):
+        dst = Path(prep["root"]) / "node-local" / layout
+        with fsops.counting(src) as ops:
+            cpu = time.process_time()
+            copy = staging.stage(src, dst)
+            cpu = time.process_time() - cpu
+        source = formats.shard_urls(src) if layout == "shards" else str(src)
+        epoch = fsops.epoch(reader, source, src)
+        copy_s = (cpu + fsops.waiting(ops.total, copy["bytes"])
+                  + copy["bytes"] / staging.LOCAL_WRITE_BYTES_S)
+        shared_s = fsops.waiting(epoch["requests"], epoch["bytes"])        # beyond the reading's own CPU
+        local_s = epoch["bytes"] / staging.LOCAL_READ_BYTES_S
+        rows.append({"layout": layout, "files": copy["files"], "bytes": copy["bytes"],
+                     "copy_requests": ops.total, "epoch_requests": epoch["requests"], "copy_s": copy_s,
+                     "shared_s": shared_s, "local_s": local_s,
+                     "break_even": staging.break_even(copy_s, shared_s, local_s)})
+    return rows
+
+
+def splits(n: int, shards: list[list[int]], world: int = WORLD, batch: int = LOCAL_BATCH) -> list[dict]:
+    """Each way to split an epoch over ``world`` ranks: samples and steps per rank, and its cost."""
+    from torch.utils.data import DistributedSampler
+    order = list(range(n))
+    ways = {"by shard (split_by_node)": [cur.by_shard(shards, r, world) for r in range(world)],
+            "by sample": [cur.by_sample(order, r, world) for r in range(world)],
+            "by sample, drop to equal": [cur.by_sample(order, r, world, fix="drop") for r in range(world)],
+            "by sample, pad to equal": [cur.by_sample(order, r, world, fix="pad") for r in range(world)],
+            "DistributedSampler": [list(DistributedSampler(order, world, r, shuffle=False)) for r in range(world)],
+            "DistributedSampler(drop_last)": [list(DistributedSampler(order, world, r, shuffle=False, drop_last=True))
+                                              for r in range(world)]}
+    rows = []
+    for name, per_rank in ways.items():
+        c = drills.count([i for ids in per_rank for i in ids if i != cur.PAD], n)
+        rows.append({"split": name, "samples": [len(ids) for ids in per_rank],
+                     "steps": [cur.steps(ids, batch) for ids in per_rank], "dropped": c["missing"],
+                     "pads": sum(ids.count(cur.PAD) for ids in per_rank), "repeated": c["repeated"]})
+    return rows
+
+
+def uneven(prep: dict, timeout_s: float = 3.0) -> list[dict]:
+    """Whole shards per rank under plain DDP, on WORLD ranks with a short collective timeout."""
+    return processes.spawn(drills.uneven, WORLD, prep["urls"], prep["shards"], LOCAL_BATCH,
+                           device="cpu", collective_timeout_s=timeout_s)
+
+
+def join_and_pad(prep: dict) -> list[dict]:
+    return processes.spawn(drills.join_and_pad, WORLD, prep["urls"], prep["shards"], LOCAL_BATCH, device="cpu")
+
+
+def resume(prep: dict) -> dict:
+    """STOP_AFTER steps on WORLD ranks with a snapshot, then the rest of the epoch on RESUME_WORLD."""
+    ckpt = str(Path(prep["root"]) / "resume" / "snapshot.pt")
+    if os.path.exists(ckpt):
+        os.remove(ckpt)
+    first = processes.spawn(drills.resume, WORLD, prep["urls"], ckpt, GLOBAL_BATCH, STOP_AFTER, device="cpu")
+    second = processes.spawn(drills.resume, RESUME_WORLD, prep["urls"], ckpt, GLOBAL_BATCH, None, device="cpu")
+    ids = [i for r in first + second for step in r["steps"] for i in step]
+    return {"first": first, "second": second, **drills.count(ids, len(prep["samples"])),
+            "steps_equal": all(len({len(r["steps"]) for r in part}) == 1 for part in (first, second))}
+
+
+def loaders(n: int, before: int = WORLD, after: int = RESUME_WORLD) -> list[dict]:
+    return samplers.compare(n, before, after, STOP_AFTER, GLOBAL_BATCH // before)
+
+
+def shuffles(prep: dict, seeds: int = 2) -> list[dict]:
+    """Each order trained from the same weights, one seed per process (run side by side)."""
+    return processes.spawn(_shuffle_rank, seeds, prep["urls"], prep["samples"], prep["held_out"],
+                           prep["shards"], device="cpu")
+
+
+def _shuffle_rank(urls, samples, held_out, shards):
+    import torch.distributed as dist
+    return shuffling.compare(urls, samples, held_out, shards, batch=24, seed=dist.get_rank())
+
+
+def summary_line(r: dict) -> str:
+    rows = {row["layout"]: row for row in r["layouts"]}
+    sampler = next(row for row in r["loaders"] if row["loader"].startswith("DistributedSampler")
+                   and row["rule"] == "per-rank batch kept")
+    padded = [x["padded"]["steps"] for x in r["join_and_pad"]]
+    return (f"summary: opens_ratio={rows['loose']['opens'] / rows['shards']['opens']:.0f} "
+            f"modelled_lustre_speedup={rows['loose']['lustre_s'] / rows['shards']['lustre_s']:.1f} "
+            f"uneven_steps_equal={int(len(set(padded)) == 1 and r['resume']['steps_equal'])} "
+            f"uneven_hang_caught={int(any(x['hang'] for x in r['uneven']))} "
+            f"resume_repeated={r['resume']['repeated']} resume_missing={r['resume']['missing']} "
+            f"sampler_resume_repeated={sampler['repeated']} sampler_resume_missing={sampler['missing']}")
+
+
+def print_layouts(rows: list[dict]) -> None:
+    print(f"{'layout':8s}{'files':>7s}{'opens':>7s}{'stats':>7s}{'lists':>7s}{'requests':>10s}"
+          f"{'kB read':>9s}{'CPU s':>8s}{'on Lustre s':>13s}")
+    for row in rows:
+        print(f"{row['layout']:8s}{row['files']:7d}{row['opens']:7d}{row['stats']:7d}{row['listings']:7d}"
+              f"{row['requests']:10d}{row['bytes'] / 1e3:9.0f}{row['cpu_s']:8.3f}{row['lustre_s']:13.3f}")
+
+
+def print_splits(rows: list[dict]) -> None:
+    print(f"{'split':31s}{'samples per rank':>22s}{'steps per rank':>18s}{'dropped':>9s}{'pad slots':>10s}"
+          f"{'repeated':>10s}")
+    for row in rows:
+        print(f"{row['split']:31s}{str(row['samples']):>22s}{str(row['steps']):>18s}{row['dropped']:9d}"
+              f"{row['pads']:10d}{row['repeated']:10d}")
+
+
+def print_staged(rows: list[dict]) -> None:
+    print(f"{'layout':8s}{'copy: requests':>16s}{'s':>7s}{'an epoch: requests':>20s}{'shared s':>10s}"
+          f"{'local s':>9s}{'pays after (epochs)':>21s}")
+    for row in rows:
+        print(f"{row['layout']:8s}{row['copy_requests']:16d}{row['copy_s']:7.3f}{row['epoch_requests']:20d}"
+              f"{row['shared_s']:10.4f}{row['local_s']:9.5f}{row['break_even']:21.2f}")
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=positive_int, default=1210)
+    p.add_argument("--per-shard", type=positive_int, default=128)
+    p.add_argument("--timeout", type=positive_float, default=3.0, help="the uneven drill's collective timeout (s)")
+    args = p.parse_args(argv)
+    if args.samples < GLOBAL_BATCH * (STOP_AFTER + 1):
+        raise LaunchError(f"error: --samples {args.samples} is too few to stop after {STOP_AFTER} global "
+                          f"batches of {GLOBAL_BATCH} and resume: give at least {GLOBAL_BATCH * (STOP_AFTER + 1)}")
+    with tempfile.TemporaryDirectory(prefix="data-at-scale-") as root:
+        prep = prepare(root, args.samples, args.per_shard)
+        r = {"layouts": layouts(prep), "staged": staged(prep)}
+        print_layouts(r["layouts"])
+        print_staged(r["staged"])
+        print_splits(splits(args.samples, prep["shards"]))
+        r["uneven"] = uneven(prep, args.timeout)
+        print("\n".join(drills.diagnose(r["uneven"], args.timeout)))
+        r["join_and_pad"] = join_and_pad(prep)
+        r["resume"] = resume(prep)
+        r["loaders"] = loaders(args.samples)
+        r["shuffles"] = shuffles(prep)
+        for seed, result in enumerate(r["shuffles"]):
+            print(f"seed {seed}: " + ", ".join(f"{k} {v['pairs']:.3f} of pairs in one shard, held-out loss "
+                                               f"{v['curve'][-1][1]:.3f}" for k, v in result.items()))
+    print(summary_line(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

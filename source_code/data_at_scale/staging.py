@@ -1,0 +1,132 @@
+"""Staging: copy the shards once per node, at the job's start, to the node's own storage, and
+read them from there.
+
+    python -m source_code.data_at_scale.staging --from SHARDS --to '/tmp/$USER-stage-{node}-$SLURM_JOB_ID'
+    python -m source_code.data_at_scale.staging --to '/tmp/$USER-stage-{node}-$SLURM_JOB_ID' --remove
+
+Run it as one task per node (``srun --ntasks-per-node=1``): ``{node}`` in ``--to`` becomes
+this node's name (SLURMD_NODENAME, else the host name). On a real cluster the node-local
+directory is the node's own anyway (Puhti and Mahti: ``$LOCAL_SCRATCH``, asked for with
+``--gres=nvme:<GB>``; LUMI: ``/tmp``, which lives in the node's memory); on the workshop's
+test cluster both nodes run on one machine and share ``/tmp``, so the node's name in the
+directory keeps each node's copy its own, as on a real cluster. Each file is written under a
+temporary name and renamed when complete, and the directory gets its ``.staged`` list last: a
+node whose copy was interrupted has no ``.staged`` and copies again; one that has it copies
+nothing (a requeued job on the same node).
+
+When it pays: the copy reads every file once from the shared file system (one epoch's worth of
+its requests and bytes, per node); every later epoch reads from the node instead. So it pays
+from the second epoch when the data fit in the node's space (``NODE_LOCAL``), and not for a
+job that reads its data once (a large corpus seen once), or whose data do not fit.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from source_code.cli import Parser
+from source_code.errors import LaunchError, run_main
+
+MARK = ".staged"
+
+# Node-local space per node of the sites' GPU partitions, in GB (10^9 bytes; the CSC pages give
+# GiB, converted): (site, GB, what it is, source)
+GIB = 2**30 / 1e9
+NODE_LOCAL = [
+    ("LUMI standard-g", 460, "no local disk: /tmp is in the node's memory (about 460 GB of it usable, "
+     "shared with the job's own memory)",
+     "docs.lumi-supercomputer.eu/hardware/lumig ('no local storage'); LUMI-AI-Guide, "
+     "04-data-storage ('all ca. 460GB of RAM is available for RAMfs' on standard-g)"),
+    ("LUMI small-g", 64, "the same /tmp in memory: 64 GB unless the job takes whole nodes "
+     "(--mem 0 --exclusive)", "LUMI-AI-Guide, 04-data-storage"),
+    ("Puhti gpu", round(3600 * GIB), "NVMe disk (3600 GiB), $LOCAL_SCRATCH, asked for with --gres=nvme:<GB>",
+     "docs.csc.fi/computing/running/batch-job-partitions (max local storage per node)"),
+    ("Mahti gpusmall/gpumedium", round(3500 * GIB), "NVMe disk (3500 GiB), $LOCAL_SCRATCH, asked for with --gres=nvme:<GB>",
+     "docs.csc.fi/computing/running/batch-job-partitions (max local storage per node)"),
+]
+
+
+def node_dir(template: str) -> str:
+    """``template`` with ``{node}`` replaced by this node's name."""
+    try:
+        return template.format(node=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    except (KeyError, IndexError, ValueError):
+        raise LaunchError(f"error: the directory {template!r} may hold {{node}} and no other "
+                          "{...} field: write the node's place as {node}") from None
+
+
+def staged(directory) -> list[str] | None:
+    """The files of a complete staged copy, or None when there is none (or only part of one)."""
+    mark = Path(directory) / MARK
+    return mark.read_text().split() if mark.is_file() else None
+
+
+def stage(source, directory) -> dict:
+    """Copy every file of ``source`` into ``directory`` unless a complete copy is there."""
+    source, directory = Path(source), Path(directory)
+    if staged(directory) is not None:
+        return {"files": 0, "bytes": 0, "seconds": 0.0, "copied": False, "dir": str(directory)}
+    with os.scandir(source) as entries:    # one listing; the entries' types come with it, no stat
+        names = sorted(e.name for e in entries if e.is_file() and not e.name.startswith("."))
+    if not names:
+        raise LaunchError(f"error: nothing to stage in {source}; write the shards first "
+                          "(python -m source_code.data_at_scale.formats --out DIR --only shards)")
+    directory.mkdir(parents=True, exist_ok=True)
+    start, size = time.perf_counter(), 0
+    for name in names:                     # one open per file on the shared side, nothing else
+        partial = directory / f".{name}.partial"
+        with open(source / name, "rb") as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            size += dst.tell()
+        os.replace(partial, directory / name)
+    (directory / MARK).write_text("\n".join(names) + "\n")
+    return {"files": len(names), "bytes": size, "seconds": time.perf_counter() - start, "copied": True,
+            "dir": str(directory)}
+
+
+# The node's own copy in memory (LUMI's /tmp), LUMI-AI-Guide 04-data-storage: reads of 7,800 MB/s
+# and writes of 2,900 MB/s on standard-g
+LOCAL_READ_BYTES_S, LOCAL_WRITE_BYTES_S = 7.8e9, 2.9e9
+
+
+def break_even(copy_s: float, shared_epoch_s: float, local_epoch_s: float) -> float:
+    """Epochs after which copy + epochs x local costs less than epochs x shared (inf: never)."""
+    saved = shared_epoch_s - local_epoch_s
+    return copy_s / saved if saved > 0 else float("inf")
+
+
+def fits(dataset_gb: float) -> list[tuple[str, int, bool, str]]:
+    """(site, its node-local GB, whether the data fit, what that space is) for each site."""
+    return [(site, gb, dataset_gb <= gb, what) for site, gb, what, _ in NODE_LOCAL]
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--from", dest="source", help="the shards' directory on the shared file system")
+    p.add_argument("--to", dest="target", required=True,
+                   help="this node's directory; {node} becomes the node's name")
+    p.add_argument("--remove", action="store_true", help="remove this node's copy (the job's last step)")
+    args = p.parse_args(argv)
+    if args.remove:
+        shutil.rmtree(node_dir(args.target), ignore_errors=True)   # quiet: the job's last line stays the training's
+        return 0
+    if not args.source or not Path(args.source).is_dir():
+        raise LaunchError(f"error: --from {args.source} is not a directory; write the shards first "
+                          "(python -m source_code.data_at_scale.formats --out DIR --only shards)")
+    target = node_dir(args.target)
+    r = stage(args.source, target)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    if r["copied"]:
+        print(f"staged on {node}: {r['files']} files, {r['bytes'] / 1e6:.2f} MB in {r['seconds']:.2f} s "
+              f"to {target}", flush=True)
+    else:
+        print(f"staged on {node}: a complete copy is already in {target}", flush=True)
+    print(f"summary: node={node} dir={target} files={len(staged(target))} copied={int(r['copied'])}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

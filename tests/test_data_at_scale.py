@@ -1,0 +1,253 @@
+"""Notebook 20's package: the cursor's arithmetic and the splits, the file-system counter, staging,
+the loaders' resume, the exercise's check, and the entry points' summary lines."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from source_code.data_at_scale import cursor, formats, fsops, samplers, staging, train
+from source_code.errors import LaunchError
+from source_code.data_at_scale.drills import count
+from source_code.data_at_scale.exercise import CASES, check_rank_batches, problem
+from source_code.solutions.nb20_data_at_scale import PAD, rank_batches
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------- the global cursor
+def _epoch(c: cursor.GlobalCursor, world: int, steps: int | None = None) -> list[list[list[int]]]:
+    """Per step, every rank's ids from the cursor (to the epoch's end or for ``steps`` steps)."""
+    epoch, out = c.epoch, []
+    while c.epoch == epoch and (steps is None or len(out) < steps):
+        out.append([c.batch_for(r, world) for r in range(world)])
+        c.advance()
+    return out
+
+
+@pytest.mark.parametrize("n,batch,before,after,stop", [(1210, 48, 4, 3, 9), (1210, 48, 2, 4, 25),
+                                                       (100, 12, 3, 1, 1), (97, 12, 6, 2, 7), (48, 48, 4, 2, 0)])
+def test_a_resume_on_another_world_size_trains_every_sample_once(n, batch, before, after, stop):
+    c = cursor.GlobalCursor(n, batch, seed=3)
+    first = _epoch(c, before, stop)
+    resumed = cursor.GlobalCursor(n, batch, seed=3)
+    resumed.load_state_dict(c.state_dict())                 # what the snapshot carries
+    second = _epoch(resumed, after)
+    ids = [i for step in first + second for rank in step for i in rank if i != cursor.PAD]
+    assert count(ids, n) == {"seen": n, "unique": n, "repeated": 0, "missing": 0}
+    assert all(len(rank) == batch // w for part, w in ((first, before), (second, after))
+               for step in part for rank in step)
+    assert resumed.epoch == 1 and resumed.consumed == 0
+    pads = [i for step in second[:-1] for rank in step for i in rank if i == cursor.PAD]
+    assert not pads, "pads only in the epoch's last global batch"
+
+
+def test_the_global_batches_are_those_of_a_run_that_never_stopped():
+    plain = _epoch(cursor.GlobalCursor(500, 24, seed=1), 4)
+    c = cursor.GlobalCursor(500, 24, seed=1)
+    head = _epoch(c, 4, 7)
+    tail = _epoch(c, 3)
+    for a, b in zip(plain, head + tail):
+        assert sorted(i for r in a for i in r if i != cursor.PAD) == sorted(i for r in b for i in r if i != cursor.PAD)
+
+
+def test_the_epoch_order_depends_on_the_epoch_and_seed_only():
+    assert cursor.epoch_order(50, 2, 1) == cursor.epoch_order(50, 2, 1)
+    assert cursor.epoch_order(50, 2, 1) != cursor.epoch_order(50, 3, 1)
+    assert sorted(cursor.epoch_order(50, 0, 0)) == list(range(50))
+
+
+def test_a_cursor_refuses_a_batch_that_does_not_split_and_another_dataset():
+    c = cursor.GlobalCursor(100, 10)
+    with pytest.raises(ValueError, match="does not split over 4 ranks"):
+        c.batch_for(0, 4)
+    with pytest.raises(ValueError, match="counts an epoch of 100 samples"):
+        cursor.GlobalCursor(99, 10).load_state_dict(c.state_dict())
+
+
+# ------------------------------------------------------------------------- splits
+SHARDS = [list(range(s, min(s + 128, 1210))) for s in range(0, 1210, 128)]
+
+
+def test_by_shard_gives_whole_shards_and_unequal_steps():
+    per_rank = [cursor.by_shard(SHARDS, r, 4) for r in range(4)]
+    assert [len(ids) for ids in per_rank] == [384, 314, 256, 256]
+    assert count([i for ids in per_rank for i in ids], 1210)["missing"] == 0
+    assert len({cursor.steps(ids, 16) for ids in per_rank}) > 1
+
+
+def test_by_shard_is_webdatasets_split_by_node(tmp_path, monkeypatch):
+    urls = formats.write_shards(formats.make_samples(300), tmp_path, per_shard=40)
+    shards = [list(range(s, min(s + 40, 300))) for s in range(0, 300, 40)]
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        assert sorted(formats.load_shards(urls, split=True)) == cursor.by_shard(shards, rank, 3)
+
+
+@pytest.mark.parametrize("n,world", [(1210, 4), (7, 3), (12, 4), (5, 8)])
+def test_dropping_and_padding_make_equal_counts_and_say_what_they_cost(n, world):
+    ids = list(range(n))
+    dropped = [cursor.by_sample(ids, r, world, fix="drop") for r in range(world)]
+    padded = [cursor.by_sample(ids, r, world, fix="pad") for r in range(world)]
+    assert len({len(x) for x in dropped}) == 1 and len({len(x) for x in padded}) == 1
+    assert count([i for x in dropped for i in x], n)["missing"] == n % world
+    real = [i for x in padded for i in x if i != cursor.PAD]
+    assert count(real, n) == {"seen": n, "unique": n, "repeated": 0, "missing": 0}
+    assert sum(x.count(cursor.PAD) for x in padded) == -n % world
+
+
+# ------------------------------------------------------------------------- what a reader asks
+def test_the_counter_sees_each_readers_requests_and_nothing_outside_its_root(tmp_path):
+    paths = formats.write_all(formats.make_samples(60), tmp_path / "shared", per_shard=25)
+    rows = {name: fsops.epoch(reader, src, tmp_path / "shared") for name, reader, src in
+            [("loose", formats.read_loose, str(paths["loose"])), ("shards", formats.read_shards, paths["shards"]),
+             ("arrow", formats.read_arrow, str(paths["arrow"]))]}
+    assert (rows["loose"]["opens"], rows["loose"]["listings"]) == (60, 1)
+    assert rows["shards"]["opens"] == 3 and rows["arrow"]["opens"] == 1
+    assert len({r["digest"] for r in rows.values()}) == 1, "the layouts hold the same samples"
+    with fsops.counting(tmp_path / "shared") as ops:
+        os.path.exists(paths["array"])
+        os.path.exists(tmp_path)                            # outside the root: not counted
+        open(paths["array"], "rb").close()
+    assert (ops.stats, ops.opens) == (1, 1)
+    assert os.stat is fsops.os.stat and "counted" not in repr(os.stat), "os.stat is restored"
+    assert fsops.on_shared(rows["loose"]) > fsops.on_shared(rows["shards"])
+
+
+# ------------------------------------------------------------------------- staging
+def test_staging_copies_once_and_a_cut_copy_is_made_again(tmp_path, monkeypatch):
+    urls = formats.write_shards(formats.make_samples(100), tmp_path, per_shard=30)
+    monkeypatch.setenv("SLURMD_NODENAME", "n7")
+    target = staging.node_dir(str(tmp_path / "stage-{node}"))
+    assert target.endswith("stage-n7")
+    with fsops.counting(tmp_path / "shards") as ops:
+        first = staging.stage(tmp_path / "shards", target)
+    assert first["copied"] and first["files"] == len(urls) and ops.opens == len(urls) and ops.listings == 1
+    assert staging.staged(target) == [os.path.basename(u) for u in urls]
+    assert not staging.stage(tmp_path / "shards", target)["copied"]
+    os.remove(os.path.join(target, staging.MARK))          # a copy cut off before its list
+    assert staging.stage(tmp_path / "shards", target)["copied"]
+    assert staging.break_even(3.0, 2.0, 0.5) == 2.0 and staging.break_even(1.0, 0.5, 0.5) == float("inf")
+
+
+def test_staging_without_shards_is_refused_in_one_line(tmp_path):
+    with pytest.raises(LaunchError, match="is not a directory; write the shards first"):
+        staging.main(["--from", str(tmp_path / "none"), "--to", str(tmp_path / "x")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LaunchError, match="nothing to stage in"):
+        staging.main(["--from", str(tmp_path / "empty"), "--to", str(tmp_path / "x")])
+
+
+# ------------------------------------------------------------------------- the loaders' resume
+def test_per_rank_loader_states_repeat_on_a_smaller_world_and_skip_on_a_larger_one():
+    shrink = {(r["loader"], r["rule"]): r for r in samplers.compare(600, 4, 3, 5, 12)}
+    grow = {(r["loader"], r["rule"]): r for r in samplers.compare(600, 3, 4, 5, 16)}
+    key = ("DistributedSampler, skip the steps done", "per-rank batch kept")
+    assert shrink[key]["repeated"] == 5 * 12 and shrink[key]["missing"] == 0
+    assert grow[key]["missing"] > 0
+    assert shrink["torchdata StatefulDataLoader", "global batch kept"]["repeated"] > 0
+    for table in (shrink, grow):
+        for rule in ("per-rank batch kept", "global batch kept"):
+            assert table["global cursor", rule]["repeated"] == table["global cursor", rule]["missing"] == 0
+
+
+# ------------------------------------------------------------------------- the exercise
+def test_the_reference_passes():
+    assert check_rank_batches(rank_batches).startswith("correct")
+
+
+def _interleaved(n, consumed, batch, rank, world):       # the same global batches, dealt out rank by rank
+    per, out = batch // world, []
+    for start in range(consumed, n, batch):
+        mine = list(range(start, min(start + batch, n)))[rank::world]
+        out.append(tuple(mine) + (PAD,) * (per - len(mine)))
+    return out
+
+
+def test_a_right_answer_written_another_way_passes():
+    assert check_rank_batches(_interleaved).startswith("correct")
+
+
+def _restart(n, consumed, batch, rank, world):
+    return rank_batches(n, 0, batch, rank, world)
+
+
+def _no_padding(n, consumed, batch, rank, world):
+    return [[p for p in b if p != PAD] for b in rank_batches(n, consumed, batch, rank, world) if set(b) != {PAD}]
+
+
+def _drop_the_last(n, consumed, batch, rank, world):
+    return rank_batches(n, consumed, batch, rank, world)[:(n - consumed) // batch]
+
+
+def _chunks(n, consumed, batch, rank, world):             # exactly once and equal steps, other batches
+    per = batch // world
+    size = -(-(n - consumed) // world)
+    mine = list(range(consumed + rank * size, min(consumed + (rank + 1) * size, n)))
+    mine += [PAD] * (-(-size // per) * per - len(mine))
+    return [mine[i:i + per] for i in range(0, len(mine), per)]
+
+
+def _per_rank_skip(n, consumed, batch, rank, world):      # DistributedSampler's shard, skipped per rank
+    per = batch // world
+    mine = list(range(rank, n, world))[consumed // world:]
+    return [mine[i:i + per] + [PAD] * (per - len(mine[i:i + per])) for i in range(0, len(mine), per)]
+
+
+@pytest.mark.parametrize("fn,message", [
+    (_restart, "positions before the cursor come again"),
+    (_no_padding, "different numbers of steps"),
+    (_drop_the_last, "last, short global batch is left out"),
+    (_chunks, "than the global batch a run without the stop trains"),
+    (_per_rank_skip, "positions before the cursor come again"),
+])
+def test_typical_wrong_answers_are_named(fn, message):
+    verdict = check_rank_batches(fn)
+    assert verdict.startswith("not yet") and message in verdict, verdict
+
+
+def test_the_check_never_raises_and_its_cases_are_not_the_notebooks():
+    def broken(*args):
+        raise KeyError("x")
+    assert check_rank_batches(broken).startswith("rank_batches raised KeyError")
+    assert (1210, 432, 48, 3) not in CASES and (1210, 432, 48, 4) not in CASES
+    assert problem([[[0, 1]], [[2, PAD]]], 3, 0, 4, 2) == ""
+
+
+# ------------------------------------------------------------------------- entry points
+def _summary(text: str) -> dict:
+    line = [ln for ln in text.splitlines() if ln.startswith("summary:")][-1]
+    return dict(re.findall(r"(\w+)=(\S+)", line))
+
+
+@pytest.mark.slow
+def test_the_report_ends_with_the_notebooks_summary_line():
+    res = subprocess.run([sys.executable, "-m", "source_code.data_at_scale.report", "--samples", "500",
+                          "--per-shard", "50"], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    s = _summary(res.stdout)
+    assert s["opens_ratio"] == "50" and float(s["modelled_lustre_speedup"]) > 1, s
+    assert s["uneven_steps_equal"] == "1" and s["uneven_hang_caught"] == "1", s
+    assert s["resume_repeated"] == s["resume_missing"] == "0" and int(s["sampler_resume_repeated"]) > 0, s
+
+
+def test_the_training_stops_on_two_processes_and_resumes_on_one_exactly_once(tmp_path, torchrun):
+    formats.write_shards(formats.make_samples(300), tmp_path, per_shard=64)
+    args = ["--shards", tmp_path / "shards", "--stage-dir", tmp_path / "stage-{node}", "--checkpoint",
+            tmp_path / "snap.pt", "--log-dir", tmp_path / "logs", "--global-batch", "24", "--epochs", "2"]
+    first = torchrun("source_code.data_at_scale.train", *args, "--stop-after-steps", "5", nproc=2, device="cpu")
+    assert _summary(first.stdout) == {"world_size": "2", "stopped_at": "120", "epoch": "0", "samples": "300"}
+    second = torchrun("source_code.data_at_scale.train", *args, "--resume", nproc=1, device="cpu")
+    s = _summary(second.stdout)
+    assert "resumed: world_size=1 from a snapshot of world_size=2 at epoch 1, sample 120 of 300" in second.stdout
+    assert (s["epochs"], s["launches"], s["repeated"], s["missing"], s["steps_equal"]) == ("2", "2", "0", "0", "1"), s
+
+
+def test_a_global_batch_that_does_not_split_is_refused_before_any_work(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")        # as torchrun sets it, before any process group forms
+    with pytest.raises(LaunchError, match="--global-batch 5 does not split over 2 processes; pick a multiple of 2"):
+        train.main(["--global-batch", "5"])
