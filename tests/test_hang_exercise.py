@@ -62,6 +62,23 @@ def forgot_the_checkpoint(epoch, correct, seen, path):
     return (totals[0] / totals[1]).item()
 
 
+def in_int64_then_float32(epoch, correct, seen, path):
+    """Right, written another way: the counts as int64, their quotient in float32."""
+    totals = torch.tensor([correct, seen])
+    dist.all_reduce(totals)
+    accuracy = (totals[0] / totals[1]).item()
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
+    return accuracy
+
+
+def in_float32(epoch, correct, seen, path):
+    totals = torch.tensor([correct, seen], dtype=torch.float32)
+    dist.all_reduce(totals)
+    accuracy = (totals[0] / totals[1]).item()
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
+    return accuracy
+
+
 WRONG = {
     "the original hang": (ex.end_of_epoch_broken,
                           r"^hang at epoch 0 .*rank 0 waited in all_reduce \(called from end_of_epoch_broken.*"
@@ -84,6 +101,12 @@ WRONG = {
 @pytest.mark.parity
 def test_the_reference_solution_passes():
     assert ex.check_end_of_epoch(nb06_hang.end_of_epoch).startswith("correct")
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("fn", [in_int64_then_float32, in_float32])
+def test_right_answers_in_float32_pass(fn):
+    assert ex.check_end_of_epoch(fn).startswith("correct")
 
 
 @pytest.mark.parity

@@ -8,20 +8,53 @@ from source_code.launch import job_script_exercise as ex
 from source_code.solutions.nb06_launching import SCRIPT
 
 WRONG = {
-    "one node": (ex.TEMPLATE.replace("torchrun --standalone", "srun torchrun --standalone"), "ask for 2"),
+    "one node": (ex.TEMPLATE.replace("torchrun --standalone", "srun torchrun --standalone"), "how many nodes the job gets"),
     "no srun": (SCRIPT.replace("srun torchrun", "torchrun"), "first node only"),
     "standalone": (SCRIPT.replace('--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
                                   "--standalone"), "private rendezvous"),
     "two tasks per node": (SCRIPT.replace("--ntasks-per-node=1", "--ntasks-per-node=2"), "one task per node"),
-    "no nnodes": (SCRIPT.replace('--nnodes="$SLURM_JOB_NUM_NODES" ', ""), "--nnodes"),
+    "no nnodes": (SCRIPT.replace('--nnodes="$SLURM_JOB_NUM_NODES" ', ""), "how many nodes take part"),
+    # a static rendezvous whose node rank the batch shell expands: 0 on every node
+    "static, node rank of the batch shell": (
+        SCRIPT.replace('--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"',
+                       '--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --node-rank=$SLURM_NODEID'),
+        "which shell expands"),
     "an account": (SCRIPT.replace("#SBATCH --time", "#SBATCH --account=project_2001234\n#SBATCH --time"),
                    "SBATCH_ACCOUNT"),
+}
+
+
+# right answers written another way than the reference
+RIGHT = {
+    "--nodes 2 (space form)": SCRIPT.replace("--nodes=2", "--nodes 2"),
+    "-N 2": SCRIPT.replace("--nodes=2", "-N 2"),
+    "-N2": SCRIPT.replace("--nodes=2", "-N2"),
+    "--rdzv_endpoint (underscores)": SCRIPT.replace("--rdzv-backend", "--rdzv_backend")
+                                           .replace("--rdzv-endpoint", "--rdzv_endpoint").replace("--rdzv-id", "--rdzv_id"),
+    "static rendezvous, node rank from each task's shell": SCRIPT.replace(
+        'srun torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=2 \\\n'
+        '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\\n'
+        '    -m source_code.launch.sync_check',
+        "srun bash -c 'torchrun --nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node=2 --node-rank=$SLURM_NODEID "
+        "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m source_code.launch.sync_check'"),
 }
 
 
 def test_the_reference_solution_reads_right():
     assert ex.read_problems(SCRIPT) == []
     assert ex.sbatch_options(SCRIPT)["--nodes"] == "2"
+
+
+@pytest.mark.parametrize("name", list(RIGHT))
+def test_right_answers_written_another_way_read_right(name):
+    assert RIGHT[name] != SCRIPT, "the variant must differ from the reference"
+    assert ex.read_problems(RIGHT[name]) == []
+
+
+def test_the_messages_guide_without_giving_the_line():
+    said = " ".join(p for script, _ in WRONG.values() for p in ex.read_problems(script))
+    for answer in ("--nodes=2", "--rdzv-endpoint=", "--rdzv-backend=c10d", "--nnodes=$", "srun torchrun"):
+        assert answer not in said, answer
 
 
 @pytest.mark.parametrize("name", list(WRONG))

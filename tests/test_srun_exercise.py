@@ -34,6 +34,13 @@ def test_reference_and_its_single_quoted_form_pass(capsys):
     assert problem(LINE) == ""
     single = "srun --ntasks-per-node=1 bash -c 'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'"
     assert problem(single) == ""
+    # one task a node said by the task count: srun spreads them one a node
+    for other in (r'srun --ntasks=$SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"',
+                  r'srun -N $SLURM_NNODES -n $SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID '
+                  r'--nnodes=\$SLURM_NNODES"',
+                  "srun --nodes=$SLURM_NNODES --ntasks-per-node=1 bash -c "
+                  "'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'"):
+        assert problem(other) == "", other
     check_srun_line(LINE)
     assert capsys.readouterr().out.startswith("right:")
 
@@ -50,6 +57,9 @@ def test_the_batch_shell_expands_double_quotes_before_the_tasks_start():
     assert in_job_script('srun bash -c "echo $SLURM_PROCID"', 1, 3) == ["0", "0", "0"]
     assert in_job_script(r'srun bash -c "echo \$SLURM_PROCID \$SLURM_LOCALID"', 2, 2) == \
         ["0 0", "1 1", "2 0", "3 1"]
+    # -n and -N are honoured: tasks spread over the nodes in blocks, at least one a node
+    assert in_job_script(r'srun -n 3 bash -c "echo \$SLURM_NODEID \$SLURM_LOCALID"', 2, 4) == ["0 0", "0 1", "1 0"]
+    assert in_job_script(r'srun -N1 bash -c "echo \$SLURM_NODEID"', 2, 2) == ["0", "0"]
 
 
 def test_the_command_line_refuses_bad_sizes_in_one_line():

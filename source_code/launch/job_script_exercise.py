@@ -5,7 +5,7 @@
 
 The learner starts from ``TEMPLATE``: one node, one torchrun with a private (--standalone)
 rendezvous. The check reads the script first (the mistakes that cost a queue wait are found
-in a second), then, when a Slurm cluster answers (the local test cluster, or a real one),
+in a second), then, when the workshop's local test cluster runs (never a site's queue),
 submits it with the sync check as the training module and reads what the ranks report: 4
 processes on 2 nodes whose weights agree. Solution: ``source_code/solutions/nb06_launching.py``.
 """
@@ -30,7 +30,7 @@ TEMPLATE = """#!/bin/bash
 #SBATCH --time=00:05:00
 
 cd "$WORKSHOP_ROOT"                              # the repository (exported before sbatch)
-export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK   # srun steps get all the task's cores
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK   # srun's tasks get the task's cores (Slurm 22.05-23.02)
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))
 
@@ -40,27 +40,50 @@ torchrun --standalone --nproc-per-node=2 -m source_code.launch.sync_check
 SECRETS = ("--account", "-A ", "--reservation", "--qos")
 
 
+# the #SBATCH options that take a value, in their short and long forms
+_VALUE_OPTIONS = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-t": "--time",
+                  "-J": "--job-name", "-A": "--account", "-p": "--partition", "-o": "--output",
+                  "-e": "--error", "-q": "--qos"}
+_LONG_WITH_VALUE = set(_VALUE_OPTIONS.values()) | {"--ntasks-per-node", "--reservation", "--gres",
+                                                    "--gpus-per-node", "--mem", "--mem-per-gpu"}
+
+
 def sbatch_options(script: str) -> dict:
-    """{option: value} of the #SBATCH lines (-N n is --nodes=n)."""
+    """{option: value} of the #SBATCH lines, in any of sbatch's forms: --nodes=2, --nodes 2,
+    -N 2, -N2 are all {'--nodes': '2'}."""
     opts = {}
     for line in script.splitlines():
         if not line.startswith("#SBATCH"):
             continue
-        for word in shlex.split(line[len("#SBATCH"):], comments=True):
-            key, _, value = word.partition("=")
-            opts[{"-N": "--nodes", "-n": "--ntasks"}.get(key, key)] = value
+        words = shlex.split(line[len("#SBATCH"):], comments=True)
+        while words:
+            word = words.pop(0)
+            key, eq, value = word.partition("=")
+            if not eq and re.fullmatch(r"-[A-Za-z]\S+", key) and key[:2] in _VALUE_OPTIONS:
+                key, value = key[:2], key[2:]          # -N2
+            elif not eq and (key in _VALUE_OPTIONS or key in _LONG_WITH_VALUE) and words:
+                value = words.pop(0)                   # --nodes 2
+            opts[_VALUE_OPTIONS.get(key, key)] = value
     return opts
 
 
+def _unshell(launch: str) -> str:
+    """The launch line with torchrun's options in one spelling: --rdzv_endpoint (which torchrun
+    also accepts) as --rdzv-endpoint."""
+    return re.sub(r"--\w+", lambda m: m.group(0).replace("_", "-"), launch)
+
+
 def read_problems(script: str) -> list[str]:
-    """What is wrong with the script, found by reading it (empty list: nothing)."""
+    """What is wrong with the script, found by reading it (empty list: nothing). The messages
+    point at what to change, not at the line that would change it."""
     opts = sbatch_options(script)
     joined = script.replace("\\\n", " ")  # continuation lines into one
-    launch = " ".join(ln.strip() for ln in joined.splitlines()
-                      if re.search(r"\btorchrun\b", ln) and not ln.lstrip().startswith("#"))
+    launch = _unshell(" ".join(ln.strip() for ln in joined.splitlines()
+                               if re.search(r"\btorchrun\b", ln) and not ln.lstrip().startswith("#")))
     problems = []
     if opts.get("--nodes") != "2":
-        problems.append(f"the job asks for {opts.get('--nodes', 'one')} node(s): ask for 2 (#SBATCH --nodes=2)")
+        problems.append(f"the job asks for {opts.get('--nodes', 'one')} node(s): which #SBATCH line says "
+                        "how many nodes the job gets?")
     if opts.get("--ntasks-per-node", "1") != "1":
         problems.append("one task per node: torchrun starts the node's processes itself "
                         f"(--ntasks-per-node={opts['--ntasks-per-node']} starts that many torchruns per node)")
@@ -70,14 +93,21 @@ def read_problems(script: str) -> list[str]:
         problems.append("no torchrun line")
         return problems
     if not re.search(r"\bsrun\b", launch):
-        problems.append("the batch script runs on the first node only: start torchrun with srun, one per node")
+        problems.append("the batch script runs on the first node only: what starts one copy of a "
+                        "command on every node of the allocation?")
+    static = "--master-addr" in launch and "--node-rank" in launch
     if "--standalone" in launch:
         problems.append("--standalone gives each node a private rendezvous (two jobs of 2 instead of one of 4): "
-                        "use --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$SLURM_JOB_ID")
-    elif "--rdzv-endpoint" not in launch:
-        problems.append("the torchruns must meet: --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT")
+                        "the torchruns of all nodes must meet at one address every node can reach "
+                        "(the script computes one; torchrun --help lists the rendezvous options)")
+    elif "--rdzv-endpoint" not in launch and not static:
+        problems.append("the torchruns must meet: tell them where (the script computes an address and a "
+                        "port) and how (torchrun --help: the rendezvous options)")
+    elif static and "bash -c" not in launch and re.search(r"--node-rank[= ]\"?\$\{?SLURM_(NODEID|PROCID)", launch):
+        problems.append("--node-rank: which shell expands that $ variable, the batch shell on the first "
+                        "node or a shell in each task? (section 12)")
     if not re.search(r"--nnodes[= ]", launch):
-        problems.append("tell torchrun how many nodes take part: --nnodes=$SLURM_JOB_NUM_NODES")
+        problems.append("tell torchrun how many nodes take part (Slurm sets a variable with the job's node count)")
     return problems
 
 
@@ -118,8 +148,8 @@ def check_job_script(script: str, submit_if_possible: bool = True) -> str:
     if problems:
         raise AssertionError("not yet:\n* " + "\n* ".join(problems))
     if not (submit_if_possible and jobs.cluster_ready()):
-        return ("the script reads right; no Slurm cluster answers here, so it was not submitted "
-                "(start the local one: make cluster-up, as root)")
+        return ("the script reads right; the workshop's local test cluster does not run here, so it "
+                "was not submitted (start it: make cluster-up, as root)")
     job = submit(script)
     problems = run_problems(job)
     if problems:

@@ -26,24 +26,40 @@ from source_code.cli import positive_int
 from source_code.errors import LaunchError, run_main
 
 # srun's options that take a separate value (the others are --flag or --option=value)
-_WITH_VALUE = {"-n", "--ntasks", "-N", "--nodes", "-c", "--cpus-per-task", "-o", "--output",
-               "-J", "--job-name", "--jobid"}
+_WITH_VALUE = {"-c", "--cpus-per-task", "-o", "--output", "-J", "--job-name", "--jobid"}
+# the task layout: --ntasks-per-node, -n/--ntasks and -N/--nodes are honoured; tasks spread over
+# the nodes in blocks, as evenly as they go (Slurm's default distribution), at least one a node
 PRETEND_SRUN = r"""
 srun() {
-    local per_node=$TASKS_PER_NODE
+    local per_node=$TASKS_PER_NODE ntasks="" nodes=$SLURM_NNODES given_per_node=""
     while [ $# -gt 0 ]; do
         case "$1" in
-            --ntasks-per-node) per_node=$2; shift 2 ;;
-            --ntasks-per-node=*) per_node=${1#--ntasks-per-node=}; shift ;;
+            --ntasks-per-node) per_node=$2; given_per_node=1; shift 2 ;;
+            --ntasks-per-node=*) per_node=${1#--ntasks-per-node=}; given_per_node=1; shift ;;
+            -n|--ntasks) ntasks=$2; shift 2 ;;
+            -n*) ntasks=${1#-n}; shift ;;
+            --ntasks=*) ntasks=${1#--ntasks=}; shift ;;
+            -N|--nodes) nodes=$2; shift 2 ;;
+            -N*) nodes=${1#-N}; shift ;;
+            --nodes=*) nodes=${1#--nodes=}; shift ;;
             %s) shift 2 ;;
             -*) shift ;;
             *) break ;;
         esac
     done
-    local i tasks=$((SLURM_NNODES * per_node))
-    for ((i = 0; i < tasks; i++)); do
-        ( export SLURM_PROCID=$i SLURM_LOCALID=$((i %% per_node)) SLURM_NODEID=$((i / per_node)) \
-                 SLURMD_NODENAME=n$((i / per_node + 1)) SLURM_STEP_NUM_TASKS=$tasks; "$@" ) || return $?
+    if [ -n "$ntasks" ] && [ -z "$given_per_node" ]; then
+        (( nodes > ntasks )) && nodes=$ntasks
+    else
+        ntasks=$((nodes * per_node))
+    fi
+    local i node task=0 here
+    for ((node = 0; node < nodes; node++)); do
+        here=$(( ntasks / nodes + (node < ntasks %% nodes ? 1 : 0) ))
+        for ((i = 0; i < here; i++)); do
+            ( export SLURM_PROCID=$task SLURM_LOCALID=$i SLURM_NODEID=$node \
+                     SLURMD_NODENAME=n$((node + 1)) SLURM_STEP_NUM_TASKS=$ntasks; "$@" ) || return $?
+            task=$((task + 1))
+        done
     done
 }
 """ % "|".join(sorted(_WITH_VALUE))
@@ -51,7 +67,7 @@ srun() {
 
 def in_job_script(line: str, nodes: int = 1, tasks_per_node: int = 2) -> list[str]:
     """The lines ``line`` prints when the batch script of a job of ``nodes`` nodes with
-    ``tasks_per_node`` tasks on each runs it (srun's own --ntasks-per-node is honoured)."""
+    ``tasks_per_node`` tasks on each runs it (srun's own --ntasks-per-node, -n and -N are honoured)."""
     if nodes < 1 or tasks_per_node < 1:
         raise LaunchError(f"error: nodes={nodes}, tasks_per_node={tasks_per_node}; both at least 1")
     script = (PRETEND_SRUN + f"export TASKS_PER_NODE={tasks_per_node} SLURM_NNODES={nodes} "

@@ -12,7 +12,7 @@ SCRIPT = """#!/bin/bash
 #SBATCH --time=00:05:00
 
 cd "$WORKSHOP_ROOT"                              # the repository (exported before sbatch)
-export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK   # srun steps get all the task's cores
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK   # srun's tasks get the task's cores (Slurm 22.05-23.02)
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))
 
