@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 NPROC   ?= 2
 
 PYTHON  ?= $(BIN)/python
+# PYTHON's folder first on PATH (torchrun beside it), only when PYTHON names a path:
+# PYTHON=python3 must not put ./ first on PATH
+PYTHON_PATH = $(if $(findstring /,$(PYTHON)),PATH=$(dir $(PYTHON)):$$PATH)
 
 .PHONY: run test lab check torch-check venv clean-venv gpu-smoke figures slides my-notebooks participant-notebooks restore-notebooks cluster-up cluster-down prepare
 
@@ -39,7 +42,7 @@ test: venv
 
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)
 gpu-smoke: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
-	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.gpu_smoke $(ARGS)
+	$(PYTHON_PATH) $(PYTHON) -m source_code.gpu_smoke $(ARGS)
 
 ## re-execute every notebook and export its figures to images/ (the tests never write there)
 figures: venv
@@ -52,7 +55,7 @@ lab: venv
 
 ## the day before the course: one row per requirement, ok or the fix (PYTHON=python3 for a site's torch)
 check: $(if $(filter $(BIN)/python,$(PYTHON)),venv)
-	PATH=$(dir $(PYTHON)):$$PATH $(PYTHON) -m source_code.readiness $(ARGS)
+	$(PYTHON_PATH) $(PYTHON) -m source_code.readiness $(ARGS)
 
 ## on a machine with internet (a login node): MNIST, CIFAR-10 and WikiText-2 into DATA (default:
 ## WORKSHOP_DATA, else data), which the jobs then read offline; PYTHON=python3 with a site's
