@@ -4,13 +4,14 @@ A hook ``hook(state, bucket) -> Future[Tensor]`` replaces DDP's all-reduce of on
 (a flat buffer of several parameters' gradients); whatever it returns becomes their averaged
 gradients. ``attach(ddp, method, rank)`` registers one of:
 
-    full            DDP's own all-reduce (no hook)
+    full            DDP's own all-reduce (torch's allreduce_hook: what DDP does without a hook)
     fp16, bf16      torch's fp16_compress_hook / bf16_compress_hook: cast, all-reduce, cast back
     powersgd        ``powersgd_hook`` below with error feedback
     powersgd-no-ef  the same without error feedback
-    torch-powersgd  torch's powerSGD_hook with its PowerSGDState
+    torch-powersgd  torch's powerSGD_hook with its PowerSGDState, handed the Q ours starts from
 
-PowerSGD (Vogels et al., 2019) by hand, for each gradient matrix M (n x m) of the bucket::
+PowerSGD (Vogels et al., 2019, Algorithm 1 with the error feedback of their Algorithm 2) by
+hand, for each gradient matrix M (n x m) of the bucket::
 
     M += error                      # error feedback: what earlier steps failed to send
     P = M @ Q                       # (n, r)   Q (m, r) is last step's, a warm start
@@ -22,8 +23,11 @@ PowerSGD (Vogels et al., 2019) by hand, for each gradient matrix M (n x m) of th
 
 Vectors (biases, norms) and matrices that a rank-r pair would not shrink go through one plain
 all-reduce. Each of the three all-reduces carries every matrix of the bucket at once (one
-latency each, as torch does). The first ``start_iter`` steps use the plain all-reduce: DDP
-rebuilds its buckets after the first step.
+latency each, as torch does). The error is this worker's input minus the averaged
+approximation, as in torch's hook and the authors' code: the compression is linear in M, so
+only the sum of the workers' errors reaches the next step, and that sum is the sum of what
+each worker's own compression dropped. The first ``start_iter`` steps use the plain all-reduce
+(DDP rebuilds its buckets after the first step; torch requires at least 2 with error feedback).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ METHODS = ("full", "fp16", "bf16", "powersgd", "powersgd-no-ef", "torch-powersgd
 
 
 class PowerSGDState:
-    """What our hook keeps between steps: the rank, the error of each matrix, Q per matrix."""
+    """What our hook keeps between steps: the rank, the error of each bucket, Q per matrix."""
 
     def __init__(self, rank: int = 2, error_feedback: bool = True, start_iter: int = 2, seed: int = 0):
         if rank < 1:
@@ -51,6 +55,12 @@ def compressible(shape, rank: int) -> bool:
         return False
     n, m = shape[0], int(torch.Size(shape[1:]).numel())
     return rank * (n + m) < n * m
+
+
+def initial_qs(mats, rank: int, seed: int, key: int) -> list:
+    """The first Q of each matrix (m, r): the same on every rank (a seeded generator)."""
+    g = torch.Generator().manual_seed(seed + key)
+    return [torch.randn(m.shape[1], rank, generator=g) for m in mats]
 
 
 def _flat_all_reduce(tensors) -> None:
@@ -78,12 +88,11 @@ def powersgd_hook(state, bucket):                 # DDP checks hooks' annotation
     mats = [g.view(g.shape[0], -1) for g in grads if compressible(g.shape, state.rank)]
     rest = [g for g in grads if not compressible(g.shape, state.rank)]
     if state.error_feedback:
-        if key in state.errors and state.errors[key].shape == buffer.shape:
+        if key in state.errors:
             buffer.add_(state.errors[key])         # M += error
         wanted = buffer.clone()
-    if key not in state.qs or [q.shape[0] for q in state.qs[key]] != [m.shape[1] for m in mats]:
-        g = torch.Generator().manual_seed(state.seed + key)   # the same Q on every rank
-        state.qs[key] = [torch.randn(m.shape[1], state.rank, generator=g).to(buffer) for m in mats]
+    if key not in state.qs:
+        state.qs[key] = [q.to(buffer) for q in initial_qs(mats, state.rank, state.seed, key)]
     qs = state.qs[key]
     _flat_all_reduce(rest)                                   # vectors: as they are
     ps = [m @ q for m, q in zip(mats, qs)]                    # (n, r)
@@ -102,23 +111,48 @@ def powersgd_hook(state, bucket):                 # DDP checks hooks' annotation
     return fut
 
 
-def attach(ddp, method: str, rank: int = 2, seed: int = 0):
-    """Register ``method``'s hook on ``ddp``; returns its state (None for the plain ones)."""
+def torch_powersgd_from_our_q(state, bucket):
+    """torch's powerSGD_hook, its first Q of each bucket the one ours draws (``initial_qs``).
+
+    torch keeps its Qs in one flat buffer per bucket, the matrices grouped by shape (its
+    batching order); it draws random ones only for a bucket it has no buffer for, and
+    orthogonalises them at every step, which leaves P = orth(M Q) as ours computes it."""
+    key = bucket.index()
+    if state.iter >= state.start_powerSGD_iter and key not in state.q_memory_dict:
+        r = state.matrix_approximation_rank
+        mats = [g.view(g.shape[0], -1) for g in bucket.gradients() if compressible(g.shape, r)]
+        qs = initial_qs(mats, r, state.random_seed_for_ours, key)
+        by_shape = {}
+        for m, q in zip(mats, qs):
+            by_shape.setdefault(tuple(m.shape), []).append(q)
+        state.q_memory_dict[key] = torch.cat([q.reshape(-1) for group in by_shape.values() for q in group]).to(bucket.buffer())
+        state.p_memory_dict[key] = torch.empty(sum(m.shape[0] * r for m in mats)).to(bucket.buffer())
+    return powerSGD_hook.powerSGD_hook(state, bucket)
+
+
+class TorchPowerSGDState(powerSGD_hook.PowerSGDState):
+    """torch's state, plus the seed of the Q ours starts from (torch's __slots__ has no room)."""
+    __slots__ = ("random_seed_for_ours",)
+
+
+def attach(ddp, method: str, rank: int = 2, seed: int = 0, start_iter: int = 2, wrap=None):
+    """Register ``method``'s hook on ``ddp`` (passed through ``wrap(hook)`` if given, e.g. to
+    count its collectives); returns its state (None for the plain ones)."""
     if method not in METHODS:
         raise ValueError(f"unknown compression {method!r}; choose one of {', '.join(METHODS)}")
-    if method == "full":
-        return None
-    if method in ("fp16", "bf16"):
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook if method == "fp16"
-                               else default_hooks.bf16_compress_hook)
+    wrap = wrap or (lambda hook: hook)
+    if method in ("full", "fp16", "bf16"):
+        hook = {"full": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+                "bf16": default_hooks.bf16_compress_hook}[method]
+        ddp.register_comm_hook(None, wrap(hook))
         return None
     if method == "torch-powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                            start_powerSGD_iter=2, min_compression_rate=1,
-                                            use_error_feedback=True, warm_start=True,
-                                            random_seed=seed)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        state = TorchPowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                   start_powerSGD_iter=start_iter, min_compression_rate=1,
+                                   use_error_feedback=True, warm_start=True, random_seed=seed)
+        state.random_seed_for_ours = seed
+        ddp.register_comm_hook(state, wrap(torch_powersgd_from_our_q))
         return state
-    state = PowerSGDState(rank, error_feedback=method == "powersgd", seed=seed)
-    ddp.register_comm_hook(state, powersgd_hook)
+    state = PowerSGDState(rank, error_feedback=method == "powersgd", start_iter=start_iter, seed=seed)
+    ddp.register_comm_hook(state, wrap(powersgd_hook))
     return state

@@ -8,18 +8,25 @@ You write, in the notebook::
 ``global_params``: the parameters of the last synchronisation (the outer optimizer
 ``outer_opt`` holds them); ``local_params``: this worker's parameters after its H inner steps;
 ``average(tensors)``: replaces each tensor by its mean over the workers, in place.
-``check_outer_step(fn)`` plays one worker among several: its ``average`` adds what the other
-workers (drawn by the check) would contribute. It compares, over several rounds (so the
-outer momentum matters), with ``local_sgd.outer_step`` on fixed cases and on cases it draws
-(other shapes, worker counts, outer learning rates and momenta), which the notebook never
-prints, and prints one line: correct, not done yet, or the first case that differs with a
-hint. ``strict`` raises ExerciseFailed instead (the tests use that). The mistakes it
-recognises are for the tests, not for the notebook. The reference solution is in
+
+``check_outer_step(fn)`` judges results, not the way they were reached: it runs ``fn`` on
+several simulated workers at once (one thread each), each with its own drift, and their
+``average`` is a real all-reduce among them (what each worker passes, in the order it passes
+it, is averaged with what the others pass in the same call): one flat buffer, one tensor at a
+time, the parameters or the pseudo-gradients, all work as they would in a process group.
+Over several rounds (so the outer momentum matters) every worker's global and local
+parameters are compared with ``local_sgd.outer_step``'s, on fixed cases and on cases it draws
+(other shapes, worker counts, outer learning rates and momenta) that the notebook never
+prints. It prints one line: correct, not done yet, or the first case that differs with a hint;
+``strict`` raises ExerciseFailed instead (the tests use that). The mistakes it recognises (by
+their results) are for the tests, not for the notebook. The reference solution is in
 source_code/solutions/nb18_less_communication.py.
 """
 from __future__ import annotations
 
+import itertools
 import secrets
+import threading
 
 import torch
 
@@ -28,6 +35,7 @@ from source_code.less_communication.local_sgd import outer_step
 FIXED = [(2, 0.7, 0.9), (4, 0.7, 0.9), (3, 1.0, 0.0)]   # (workers, outer lr, momentum)
 DRAWN = 12
 ROUNDS = 3
+WAIT_S = 10          # a worker waiting this long for the others in ``average``: calls differ
 
 
 class ExerciseFailed(AssertionError):
@@ -36,9 +44,8 @@ class ExerciseFailed(AssertionError):
 
 def _case(workers: int, lr: float, momentum: float, g: torch.Generator, shapes):
     start = [torch.randn(s, generator=g) for s in shapes]
-    # per round: this worker's drift and the others' pseudo-gradients
-    rounds = [([torch.randn(s, generator=g) * 0.1 for s in shapes],
-               [[torch.randn(s, generator=g) * 0.1 for s in shapes] for _ in range(workers - 1)])
+    # per round, per worker: how far its H inner steps moved it
+    rounds = [[[torch.randn(s, generator=g) * 0.1 for s in shapes] for _ in range(workers)]
               for _ in range(ROUNDS)]
     return workers, lr, momentum, start, rounds
 
@@ -58,38 +65,67 @@ def cases(seed: int) -> list:
     return out
 
 
-def _simulate(step_fn, workers, lr, momentum, start, rounds):
-    """Run ROUNDS outer steps of one worker with ``step_fn``; return (global, local) each round.
+class _Group:
+    """An all-reduce (mean) among ``n`` threads: the c-th call of every worker is one collective."""
 
-    The other workers ran from the same global parameters and moved by their own drifts;
-    ``average`` hands each tensor the mean of what every worker would pass in its place (the
-    others' parameters if it is given this worker's parameters, their pseudo-gradients, with
-    the same sign, if it is given a pseudo-gradient), as a real all-reduce would."""
-    glob = [t.clone() for t in start]
-    local = [t.clone() for t in start]
-    opt = torch.optim.SGD(glob, lr=lr, momentum=momentum, nesterov=momentum > 0)
-    seen = []
-    for drift, others in rounds:
-        with torch.no_grad():
-            for p, d in zip(local, drift):
-                p.sub_(d)                                   # H inner steps moved this worker
-        before = [t.detach().clone() for t in glob]
-        mine = [t.detach().clone() for t in local]
+    def __init__(self, n: int):
+        self.n, self.slots, self.lock = n, {}, threading.Lock()
+        self.barrier = threading.Barrier(n, timeout=WAIT_S)
 
-        def average(tensors, others=others, before=before, mine=mine):
+    def average_for(self, k: int):
+        calls = itertools.count()
+
+        def average(tensors):
+            tensors, c = list(tensors), next(calls)
+            with self.lock:
+                self.slots[(c, k)] = [t.detach().clone() for t in tensors]
+            self.barrier.wait()
+            theirs = [self.slots[(c, j)] for j in range(self.n)]
+            if any([x.shape for x in other] != [t.shape for t in tensors] for other in theirs):
+                raise ExerciseFailed("the workers passed different tensors to the same call of average")
             with torch.no_grad():
                 for i, t in enumerate(tensors):
-                    j = i if i < len(mine) and mine[i].shape == t.shape else None
-                    if j is not None and torch.allclose(t, mine[j]):
-                        theirs = [before[j] - o[j] for o in others]      # their parameters
-                    elif j is not None and torch.allclose(t, mine[j] - before[j]):
-                        theirs = [-o[j] for o in others]
-                    else:
-                        theirs = [o[j] for o in others] if j is not None else [t] * len(others)
-                    t.add_(sum(theirs)).div_(workers)
+                    t.copy_(sum(other[i] for other in theirs) / self.n)
+            self.barrier.wait()            # everyone has read this call's slots
+        return average
 
-        step_fn(glob, local, opt, average)
-        seen.append(([t.detach().clone() for t in glob], [t.detach().clone() for t in local]))
+
+def _one_round(step_fn, globs, locs, opts) -> None:
+    """Every worker runs ``step_fn`` at once; the first error (if any) is raised here."""
+    group, errors = _Group(len(globs)), []
+
+    def worker(k):
+        try:
+            step_fn(globs[k], locs[k], opts[k], group.average_for(k))
+        except BaseException as err:        # noqa: BLE001 - handed to the caller
+            errors.append(err)
+            group.barrier.abort()            # the others stop waiting for this one
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(globs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    if real:
+        raise real[0]
+    if errors:
+        raise ExerciseFailed("a worker waited for the others in average: every worker must call "
+                             "average the same number of times, with the same shapes")
+
+
+def _simulate(step_fn, workers, lr, momentum, start, rounds):
+    """ROUNDS outer steps of every worker with ``step_fn``; per round, per worker: (global, local)."""
+    globs = [[t.clone() for t in start] for _ in range(workers)]
+    locs = [[t.clone() for t in start] for _ in range(workers)]
+    opts = [torch.optim.SGD(g, lr=lr, momentum=momentum, nesterov=momentum > 0) for g in globs]
+    seen = []
+    for drift in rounds:
+        with torch.no_grad():
+            for loc, d in zip(locs, drift):
+                for p, step in zip(loc, d):
+                    p.sub_(step)                          # H inner steps moved this worker
+        _one_round(step_fn, globs, locs, opts)
+        seen.append([([t.detach().clone() for t in g], [t.detach().clone() for t in p]) for g, p in zip(globs, locs)])
     return seen
 
 
@@ -98,7 +134,11 @@ def _same(a, b) -> bool:
                                     for x, y in zip(a, b))
 
 
-# typical mistakes, recognised by replaying them (for the tests; the notebook never lists them)
+def _same_round(got, want) -> bool:
+    return all(_same(g1, g2) and _same(l1, l2) for (g1, l1), (g2, l2) in zip(got, want))
+
+
+# typical mistakes, recognised by their results (for the tests; the notebook never lists them)
 @torch.no_grad()
 def _no_average(glob, local, opt, average):
     for g, p in zip(glob, local):
@@ -146,45 +186,54 @@ MISTAKES = [
 
 def _hint(got, case, r) -> str:
     for wrong, hint in MISTAKES:
-        if all(_same(a, b) and _same(c, d) for (a, c), (b, d) in zip(got[:r + 1], _simulate(wrong, *case)[:r + 1])):
+        if all(_same_round(a, b) for a, b in zip(got[:r + 1], _simulate(wrong, *case)[:r + 1])):
             return hint
-    if _same(got[r][0], case[3] if r == 0 else got[r - 1][0]):
+    before = case[3] if r == 0 else got[r - 1][0][0]
+    if _same(got[r][0][0], before):
         return "the global parameters did not move: did the outer optimizer take a step?"
     return ("compare one round on paper: what is the pseudo-gradient, whose average is it, and "
             "which optimizer turns it into the new parameters?")
 
 
-def check_outer_step(fn, strict: bool = False, seed: int | None = None, quiet: bool = False) -> bool:
+def _verdict(fn, seed: int) -> None:
+    """Raise ExerciseFailed at the first case and round that differs (NotImplementedError passes)."""
+    for n, case in enumerate(cases(seed)):
+        workers, lr, momentum = case[:3]
+        where = (f"{'fixed' if n < len(FIXED) else 'drawn'} case: {workers} workers, outer lr {lr:g}, "
+                 f"momentum {momentum:g}")
+        try:
+            got = _simulate(fn, *case)
+        except NotImplementedError:
+            raise
+        except ExerciseFailed as failed:
+            raise ExerciseFailed(f"{where}: {failed}") from None
+        except Exception as err:         # the learner's bug: one line, not a traceback here
+            raise ExerciseFailed(f"{where}: your outer step raised {type(err).__name__}: {err}") from None
+        want = _simulate(outer_step, *case)
+        for r, (g, w) in enumerate(zip(got, want)):
+            if not _same_round(g, w):
+                raise ExerciseFailed(f"{where}, round {r + 1}: " + _hint(got, case, r))
+
+
+def check_outer_step(fn, strict: bool = False, seed: int | None = None, quiet: bool = False) -> bool | None:
+    """One line: correct, not done yet, or the first difference with a hint. Returns the
+    verdict only with ``strict`` or ``quiet`` (so that a notebook cell shows the line alone)."""
     seed = secrets.randbits(31) if seed is None else seed
     try:
-        all_cases = cases(seed)
-        for n, case in enumerate(all_cases):
-            workers, lr, momentum = case[:3]
-            where = (f"{'fixed' if n < len(FIXED) else 'drawn'} case: {workers} workers, outer lr {lr:g}, "
-                     f"momentum {momentum:g}")
-            try:
-                got = _simulate(fn, *case)
-            except NotImplementedError:
-                raise
-            except Exception as err:         # the learner's bug: one line, not a traceback here
-                raise ExerciseFailed(f"{where}: your outer step raised {type(err).__name__}: {err}") from None
-            want = _simulate(outer_step, *case)
-            for r, ((g_got, l_got), (g_want, l_want)) in enumerate(zip(got, want)):
-                if not (_same(g_got, g_want) and _same(l_got, l_want)):
-                    raise ExerciseFailed(f"{where}, round {r + 1}: " + _hint(got, case, r))
+        _verdict(fn, seed)
     except NotImplementedError:
         if not quiet:
             print("not done yet: replace the TODO (raise NotImplementedError) with your code")
         if strict:
             raise ExerciseFailed("not done yet") from None
-        return False
+        return False if quiet else None
     except ExerciseFailed as failed:
         if not quiet:
             print(f"not yet: {failed}")
         if strict:
             raise
-        return False
+        return False if quiet else None
     if not quiet:
-        print(f"correct: the outer step matches in all {len(FIXED) + DRAWN} cases x {ROUNDS} rounds, "
+        print(f"correct: every worker's parameters match in all {len(FIXED) + DRAWN} cases x {ROUNDS} rounds, "
               f"{DRAWN} of them drawn just now (other worker counts, shapes, learning rates, momenta)")
-    return True
+    return True if (strict or quiet) else None

@@ -1,29 +1,62 @@
-"""Notebook 18's figures: loss against steps and against simulated time on a link; the H sweep."""
+"""Notebook 18's figures: loss against steps and simulated time, error feedback per seed, the H
+sweep, and time to a target against the link's bandwidth."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
 from source_code.figures import export
+from source_code.less_communication import links, payoff
 from source_code.less_communication.harness import replay_time
+
+BASELINES = ("ddp", "ddp-sgd")
 
 
 def curves(runs: dict, methods, link: str, name: str | None = None, compute_s: float | None = None):
     """Two panels with the same loss axis: held-out loss against steps, and against the
-    simulated seconds on ``link`` (``compute_s`` a step, else each run's own median, plus its
-    collectives on that link)."""
+    simulated seconds on ``link`` (``compute_s`` a step, plus its collectives on that link).
+    The baselines are drawn wide and pale under the others, so a method that follows its
+    baseline step for step (fp16) shows as a line on top of it, not instead of it."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for m in methods:
         steps, loss = zip(*runs[m]["evals"])
-        times = replay_time(runs[m], link, compute_s)
-        line, = a.plot(steps, loss, "o-", ms=3, label=m)
-        b.plot([times[k - 1] for k in steps], loss, "o-", ms=3, color=line.get_color(), label=m)
-    a.set_xlabel("step")
+        times = [0.0] + replay_time(runs[m], link, compute_s)
+        first = runs[m]["first"]
+        style = dict(lw=5, alpha=0.35, zorder=1) if m in BASELINES else dict(lw=1.4, ms=3, marker="o", zorder=2)
+        line, = a.plot(steps, loss, label=m, **style)
+        b.plot([times[k - first] for k in steps], loss, color=line.get_color(), **style)
+    a.set_xlabel("step (the common start at the first point)")
     a.set_ylabel("held-out loss")
-    b.set_xlabel(f"simulated seconds on the {link} link")
-    b.set_xscale("log")
+    b.set_xlabel(f"simulated seconds on the {link} link after the start")
+    b.set_xscale("symlog", linthresh=0.1)
     for ax in (a, b):
         ax.grid(alpha=0.3)
-    b.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    a.legend(loc="upper right", fontsize=8, ncol=2)
+    fig.tight_layout()
+    export(fig, name)
+    return fig
+
+
+def ef_spread(gaps: dict, name: str | None = None):
+    """``gaps[(rank, with_ef)] = [gap per seed]``: PowerSGD's held-out loss above DDP's with the
+    same optimizer, per seed, with and without error feedback (a key left out is not drawn)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    ranks = sorted({r for r, _ in gaps})
+    labelled = set()
+    for i, r in enumerate(ranks):
+        for j, (ef, color) in enumerate(((True, "tab:blue"), (False, "tab:orange"))):
+            if (r, ef) not in gaps:                  # a rank run one way only
+                continue
+            ys = [100 * g for g in gaps[(r, ef)]]
+            x = i + (j - 0.5) * 0.3
+            ax.scatter([x] * len(ys), ys, color=color, zorder=2,
+                       label=None if ef in labelled else ("with" if ef else "without") + " error feedback")
+            labelled.add(ef)
+            ax.plot([x - 0.1, x + 0.1], [sum(ys) / len(ys)] * 2, color=color, lw=2)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylabel("held-out loss above DDP's (%)")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     export(fig, name)
     return fig
@@ -48,3 +81,21 @@ def sweep(hs, losses, ddp_loss: float, bytes_ratio, name: str | None = None):
     fig.tight_layout()
     export(fig, name)
     return fig
+
+
+def bandwidth(terms: dict, alpha: float, compute_s: float, betas, name: str | None = None):
+    """Time to the target against the link's bandwidth (latency ``alpha``), one line per
+    method (``payoff.terms``); the crossovers are where two lines meet."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for m, t in terms.items():
+        ax.plot([b * 8 / 1e9 for b in betas], [payoff.seconds(t, links.Link("swept", alpha, b, ""), compute_s) for b in betas], label=m)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"link bandwidth (Gb/s), latency {alpha * 1e3:g} ms")
+    ax.set_ylabel("seconds to the target")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    export(fig, name)
+    return fig
+

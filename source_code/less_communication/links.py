@@ -14,6 +14,8 @@ over n processes costs 2 (n-1) x alpha + 2 (n-1)/n x M / beta. Each link below i
                 leased lines are faster, shared ones slower); alpha 28 ms: light in fibre goes
                 about 200,000 km/s, and New York - London is 5,570 km (one way, no routing)
 
+``latency_link(seconds, world)`` is a link made from a time measured in the run (the checks
+that sleep a link's time use it, so that their margins do not depend on the machine).
 ``compute_seconds(n_params, tokens, flops)`` is the 6 N T rule of thumb (a forward and a
 backward pass: 6 floating-point operations per parameter and token) at a stated throughput.
 """
@@ -46,25 +48,41 @@ H100_BF16_FLOPS = 989e12
 TYPICAL_MFU = 0.4
 
 
+def latency_link(seconds: float, world: int, name: str = "measured") -> Link:
+    """A link on which one ring all-reduce over ``world`` processes takes ``seconds``, whatever
+    its size (unlimited bandwidth): a link set from a time measured in the same run, so that a
+    check's delay scales with the machine that runs it."""
+    if seconds <= 0 or world < 2:
+        raise ValueError("need seconds > 0 and world >= 2")
+    return Link(name, seconds / (2 * (world - 1)), float("inf"), "set from a measured step time")
+
+
 def link(name: str) -> Link:
     if name not in LINKS:
         raise ValueError(f"unknown link {name!r}; choose one of {', '.join(LINKS)}")
     return LINKS[name]
 
 
-def allreduce_seconds(nbytes: float, which: Link | str, world: int) -> float:
-    """Time of one ring all-reduce of ``nbytes`` over ``world`` processes on the link."""
-    lk = link(which) if isinstance(which, str) else which
-    return costmodel.predicted_time("ring", world, nbytes, lk.alpha, lk.beta)
+def collective_terms(kind: str, nbytes: float, world: int) -> tuple[float, float]:
+    """(sequential messages, bytes each rank sends) of one collective: an all-reduce as a ring
+    (notebook 03's model), all-gather, reduce-scatter and broadcast as one ring pass ((n-1)
+    messages, (n-1)/n of the bytes)."""
+    if kind == "all_reduce":
+        t = costmodel.traffic("ring", world, nbytes)
+        return t["messages"], t["link_out"]
+    return world - 1, (world - 1) / world * nbytes
 
 
 def collective_seconds(kind: str, nbytes: float, which: Link | str, world: int) -> float:
-    """Time of one collective on the link: all-reduce as a ring; all-gather, reduce-scatter
-    and broadcast as one ring pass ((n-1) messages, (n-1)/n of the bytes)."""
+    """Time of one collective on the link: messages x alpha + bytes / beta."""
     lk = link(which) if isinstance(which, str) else which
-    if kind == "all_reduce":
-        return allreduce_seconds(nbytes, lk, world)
-    return (world - 1) * lk.alpha + (world - 1) / world * nbytes / lk.beta
+    messages, sent = collective_terms(kind, nbytes, world)
+    return messages * lk.alpha + sent / lk.beta
+
+
+def allreduce_seconds(nbytes: float, which: Link | str, world: int) -> float:
+    """Time of one ring all-reduce of ``nbytes`` over ``world`` processes on the link."""
+    return collective_seconds("all_reduce", nbytes, which, world)
 
 
 def compute_seconds(n_params: float, tokens: float, flops: float = H100_BF16_FLOPS * TYPICAL_MFU) -> float:

@@ -12,8 +12,10 @@ Every H steps:
 
 ``global`` is the parameters of the last synchronisation, kept on every worker (a second copy
 of the model, no optimizer state of its own besides the outer momentum). Local SGD is DiLoCo
-with an outer SGD of learning rate 1 and no momentum. Either way the bytes of one all-reduce
-of the parameters are paid once per H steps instead of every step.
+with an outer SGD of learning rate 1 and no momentum (the paper's ablation of the outer
+optimizer compares exactly these). Either way the bytes of one all-reduce of the parameters
+are paid once per H steps instead of every step. ``average`` may be swapped for one that sends
+fewer bits (``lowbit.py``).
 """
 from __future__ import annotations
 
@@ -26,17 +28,6 @@ def average(tensors) -> None:
     flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat)
     flat /= dist.get_world_size()
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
-
-
-def average_fp16(tensors) -> None:
-    """``average`` with the values sent in fp16: half the bytes, a rounding error of ~1e-3."""
-    flat = torch.cat([t.reshape(-1) for t in tensors]).to(torch.float16)
-    dist.all_reduce(flat)
-    flat = flat.float() / dist.get_world_size()
     offset = 0
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view_as(t))

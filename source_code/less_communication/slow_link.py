@@ -4,6 +4,8 @@
         ...                                    # train: DDP's hooks, our all-reduces alike
     wire.simulated_s, wire.measured_s, wire.payload, wire.wire
 
+    wire.counted(hook)                         # a DDP hook whose collectives it counts
+
 It is ``measure.CommCounter`` (a dispatch mode that sees every c10d collective, DDP's
 included) plus a link: each collective's time on that link comes from the alpha-beta model
 (``links.collective_seconds``), is added to ``simulated_s`` and, with ``sleep``, slept right
@@ -51,6 +53,14 @@ class SlowLink(CommCounter):
             time.sleep(delay)
         return out
 
+    def counted(self, hook):
+        """A DDP communication hook whose collectives this mode counts (it is entered for the
+        hook's call only: the rest of the step runs without the mode's per-operator cost)."""
+        def counted_hook(state, bucket):       # DDP looks for a parameter named bucket
+            with self:
+                return hook(state, bucket)
+        return counted_hook
+
     def step(self) -> list:
         """Close a step: the ops issued since the last call."""
         ops = self.ops[self._mark:]
@@ -68,14 +78,16 @@ class LinkInFlight:
     """``send`` for ``StreamingDiLoCo(delay=...)``: an asynchronous all-reduce that behaves as
     if it crossed ``link``. It is started at once (``async_op=True``); its ``wait`` returns no
     earlier than the link model's time after the start, sleeping what is left of it. So the
-    compute done while it was in flight hides that much of the link: ``exposed_s`` sums the
-    time the workers really stood in ``wait``, ``modelled_s`` the link's time of every
-    all-reduce (what a synchronous wait would cost)."""
+    compute done while it was in flight hides that much of the link: ``modelled_s`` sums the
+    link's time of every all-reduce (what a synchronous wait would cost), ``uncovered_s`` the
+    part of it still ahead when ``wait`` was called (not hidden by the compute in between), and
+    ``exposed_s`` the time the workers really stood in ``wait`` (that part, plus the all-reduce
+    itself and any wait for a rank that reached it later: on a loaded machine, much more)."""
 
     def __init__(self, world_size: int, link="inter-site", device=None):
         self.link = links.link(link) if isinstance(link, str) else link
         self.n, self.device = world_size, device
-        self.exposed_s = self.modelled_s = 0.0
+        self.exposed_s = self.modelled_s = self.uncovered_s = 0.0
         self.count = 0
 
     def __call__(self, flat):
@@ -91,6 +103,7 @@ class _InFlight:
 
     def wait(self):
         start = clock(self.owner.device)
+        self.owner.uncovered_s += max(0.0, self.ready_at - start)
         self.work.wait()
         left = self.ready_at - clock(self.owner.device)
         if left > 0:

@@ -1,11 +1,14 @@
 """Streaming DiLoCo (Douillard et al., 2025): the model synchronised a fragment at a time.
 
-The parameters are cut into F fragments of about equal size (consecutive layers). Every
-fragment still synchronises once per H steps, but fragment f does it at steps
-f H/F, f H/F + H, ...: the F synchronisations of a round are spread over the round, so one
-synchronisation carries 1/F of the model (the peak bandwidth a link must offer falls F times)
-while the bytes per step stay those of DiLoCo. Each fragment has its own outer optimizer.
-``average`` may send fewer bits (``local_sgd.average_fp16``: half the bytes again).
+The parameters are cut into F fragments of about equal size, either ``consecutive`` (fragment
+f is the f-th stretch of the layers) or ``strided`` (the layers cut into 2F stretches, fragment
+f takes stretches f and f + F: it spans the depth of the model, as the paper's strided
+fragments take every F-th transformer block; the paper prefers them). Every fragment still
+synchronises once per H steps, but fragment f does it at steps f H/F, f H/F + H, ...: the F
+synchronisations of a round are spread over the round, so one synchronisation carries 1/F of
+the model (the peak bandwidth a link must offer falls F times) while the bytes per step stay
+those of DiLoCo. Each fragment has its own outer optimizer. ``average`` may send fewer bits
+(``lowbit.average_fp16``, ``lowbit.average_e3m0``: 4 bits, summed in fp32).
 
 **Overlap** (``delay=tau``, the paper's tau): a fragment's pseudo-gradient all-reduce is
 issued asynchronously (``async_op=True``) and waited for tau inner steps later, so the link
@@ -20,6 +23,7 @@ works while the workers compute::
 keeps. With tau = 0 and mix = 0 this is exactly the synchronous version (the same all-reduce of
 the same flat buffer, waited at once). ``send(flat) -> work`` starts the all-reduce; the harness
 passes one whose ``wait`` also waits out a modelled slow link (``slow_link.LinkInFlight``).
+``global_params`` (per fragment) is the model every worker agrees on at any step.
 """
 from __future__ import annotations
 
@@ -28,23 +32,37 @@ import torch.distributed as dist
 
 from source_code.less_communication.local_sgd import average, outer_step
 
+PATTERNS = ("consecutive", "strided")
 
-def fragments(params, n: int) -> list:
-    """Consecutive parameters cut into ``n`` groups of about equal numel (none empty)."""
-    params = list(params)
+
+def _stretches(params, n: int) -> list:
+    """Consecutive parameters cut into ``n`` groups of about equal numel (none empty): each
+    cut goes where the running total comes closest to the next multiple of total / n."""
     if not 1 <= n <= len(params):
         raise ValueError(f"need 1 <= fragments <= {len(params)} parameters, got {n}")
     total = sum(p.numel() for p in params)
     groups, current, done = [], [], 0
     for i, p in enumerate(params):
-        current.append(p)
-        done += p.numel()
-        left_groups, left_params = n - len(groups) - 1, len(params) - i - 1
-        if left_groups and (done >= total * (len(groups) + 1) / n or left_params == left_groups):
+        target = total * (len(groups) + 1) / n
+        must = len(params) - i == n - len(groups) - 1          # a parameter left per group
+        if current and len(groups) < n - 1 and (must or done + p.numel() - target > target - done):
             groups.append(current)
             current = []
+        current.append(p)
+        done += p.numel()
     groups.append(current)
     return groups
+
+
+def fragments(params, n: int, pattern: str = "consecutive") -> list:
+    """The parameters in ``n`` fragments, ``consecutive`` or ``strided`` (module docstring)."""
+    params = list(params)
+    if pattern not in PATTERNS:
+        raise ValueError(f"unknown fragment pattern {pattern!r}; choose one of {', '.join(PATTERNS)}")
+    if pattern == "consecutive" or 2 * n > len(params):
+        return _stretches(params, n)
+    pieces = _stretches(params, 2 * n)
+    return [pieces[f] + pieces[f + n] for f in range(n)]
 
 
 def all_reduce_async(flat):
@@ -57,13 +75,13 @@ class StreamingDiLoCo:
 
     def __init__(self, params, every: int, n_fragments: int, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, average=average, delay: int | None = None,
-                 mix: float = 0.0, send=all_reduce_async):
+                 mix: float = 0.0, send=all_reduce_async, pattern: str = "strided"):
         if every % n_fragments:
             raise ValueError(f"H={every} must be a multiple of the {n_fragments} fragments")
         if delay is not None and not 0 <= delay < every:
             raise ValueError(f"the delay tau must be in [0, H={every}): a fragment's next "
                              f"synchronisation starts H steps later; got {delay}")
-        self.frags = fragments(params, n_fragments)
+        self.frags = fragments(params, n_fragments, pattern)
         self.every, self.average = every, average
         self.delay, self.mix, self.send = delay, mix, send
         self.offsets = [f * every // n_fragments for f in range(n_fragments)]

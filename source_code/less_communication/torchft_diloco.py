@@ -8,16 +8,18 @@ that hooks the inner optimizer's ``step`` and, every ``sync_every`` steps, all-r
 pseudo-gradients through its ``Manager`` (quorum via a lighthouse server, a gloo group of the
 replicas that are alive) and steps the outer optimizer. Here two replica groups of one worker
 each run as two threads of this process, as torchft's own integration tests do, with a
-lighthouse on a free port. Each replica trains the notebook's TransformerLM on its half of
-the same global batches (``harness.train``'s rank slices) with AdamW inside and SGD with
-Nesterov momentum outside (``method="local-sgd"``: torchft's LocalSGD, which averages the
-parameters); ``run`` returns the replicas' mean training loss per step and
-held-out loss, to compare with ``harness.train("diloco-H")`` run in a process group.
+lighthouse on a free port. Each replica trains the notebook's TransformerLM, from the same
+start (``run(start=...)``: the notebook's pretrained start), on its half of the same global
+batches with the same learning rates (``harness.batch``, ``harness.set_lr``), AdamW inside and
+SGD with Nesterov momentum outside (``method="local-sgd"``: torchft's LocalSGD, which averages
+the parameters); ``run`` returns the replicas' mean training loss per step and held-out loss,
+to compare with ``harness.train("diloco-H")`` run in a process group.
 torchft is optional: without it ``available()`` says why.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import tempfile
@@ -27,10 +29,10 @@ from datetime import timedelta
 
 import torch
 
-from source_code import data, workload
+from source_code import workload
 from source_code.cli import Parser, positive_int
 from source_code.errors import LaunchError, run_main
-from source_code.less_communication import harness
+from source_code.less_communication import harness, tasks
 
 
 def available() -> str | None:
@@ -43,17 +45,22 @@ def available() -> str | None:
     return None
 
 
-def _replica(rid: int, s: dict, lighthouse: str, out: dict, method: str, init_sync: bool) -> None:
+def _replica(rid: int, s: dict, lighthouse: str, out: dict, method: str, init_sync: bool,
+             start: dict | None, steps: int) -> None:
     import torch.distributed as dist
     from torchft.local_sgd import DiLoCo, LocalSGD
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
-    dataset = workload.sort_task(2048)
-    held_x, held_y = data.sequence_task("sort", n=256, seed=s["seed"] + 1).tensors
+    dataset = tasks.train_set(s["task"], s["seed"])
+    held_x, held_y = (t[rid::2] for t in tasks.held_out_set(s["task"], s["seed"]).tensors)  # as harness.train
     model = harness.build_model(s, "cpu")
     inner = torch.optim.AdamW(model.parameters(), lr=s["lr"])
-    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    if start:
+        model.load_state_dict(start["model"])
+        inner.load_state_dict(copy.deepcopy(start["adamw"]))   # each replica its own copy
+    first = s["pretrain"] if start else 0
+    outer = torch.optim.SGD(model.parameters(), lr=s["outer_lr"], momentum=s["outer_momentum"], nesterov=True)
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     manager = Manager(pg=ProcessGroupGloo(), min_replica_size=2,
                       load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
@@ -67,8 +74,9 @@ def _replica(rid: int, s: dict, lighthouse: str, out: dict, method: str, init_sy
         wrapper = (DiLoCo(manager, [model], inner, outer, sync_every=s["every"], pin_memory=False)
                    if method == "diloco" else LocalSGD(manager, model, inner, sync_every=s["every"]))
         with wrapper:
-            for step in range(s["steps"]):
-                x, y = workload.rank_slice(workload.global_batch(dataset, step, s["batch"], s["seed"]), rid, 2)
+            for i in range(steps):
+                harness.set_lr(inner, s["lr"], first + i, first + s["steps"])
+                x, y = harness.batch(dataset, first + i, s, s["seed"], rid, 2, "cpu")
                 loss = workload.loss_fn(model, x, y)
                 inner.zero_grad()
                 loss.backward()
@@ -97,9 +105,12 @@ def _stderr_fd_to(sink: io.StringIO):
             sink.write(tmp.read())
 
 
-def run(settings: dict | None = None, method: str = "diloco", init_sync: bool = False) -> dict:
-    """Two replicas of torchft's DiLoCo (or LocalSGD); {"loss": mean per step, "eval": mean
-    held-out loss}. ``init_sync=False``: both replicas start from the same seed, so no replica
+def run(settings: dict | None = None, method: str = "diloco", init_sync: bool = False,
+        start: dict | None = None, steps: int | None = None) -> dict:
+    """Two replicas of torchft's DiLoCo (or LocalSGD) for ``steps`` steps (default
+    settings["steps"]) from ``start`` (``harness.pretrain``'s state; None: the initial model),
+    with harness.train's batches and learning rates; {"loss": mean per step, "eval": mean
+    held-out loss}. ``init_sync=False``: both replicas start from the same state, so no replica
     is healed from the other's state at the first quorum (torchft's default would, and the
     first quorum forms at the first synchronisation: one replica's steps would be lost)."""
     if method not in ("diloco", "local-sgd"):
@@ -116,7 +127,8 @@ def run(settings: dict | None = None, method: str = "diloco", init_sync: bool = 
         warnings.simplefilter("ignore")
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
         try:
-            threads = [threading.Thread(target=_replica, args=(r, s, lighthouse.address(), out, method, init_sync))
+            threads = [threading.Thread(target=_replica, args=(r, s, lighthouse.address(), out, method,
+                                                               init_sync, start, steps or s["steps"]))
                        for r in range(2)]
             for t in threads:
                 t.start()
