@@ -35,9 +35,8 @@ def test_the_formulas_approach_the_model_only_for_a_cheap_snapshot():
         best = young_daly.waste_fraction(young_daly.best_interval(c, m), c, m)
         young = young_daly.waste_fraction(young_daly.young_interval(c, m), c, m)
         assert (young <= best * 1.001) is close, (c, m, best, young)
-    with pytest.raises(ValueError, match="best_interval"):
-        young_daly.daly_first_order(3 * 3600.0, 3600.0)
-    assert 0 < young_daly.best_interval(3 * 3600.0, 3600.0) < 3600.0   # the model still has one
+    assert young_daly.daly_first_order(3 * 3600.0, 3600.0) == 3600.0     # Daly's tau = M for C >= 2M
+    assert 0 < young_daly.best_interval(3 * 3600.0, 3600.0) < 3600.0   # the model has its own
 
 
 @pytest.mark.parametrize("c,m", [(30.0, 3600.0), (600.0, 3600.0)])
@@ -196,7 +195,7 @@ def test_bad_flags_are_refused_in_one_line(main, argv, phrase):
 def test_a_snapshot_slower_than_the_time_between_failures_still_gets_an_interval(capsys):
     assert young_daly.main(["--snapshot-seconds", "100000", "--failures-per-day", "4"]) == 0
     out = capsys.readouterr().out
-    assert "best_interval_s=" in out and "daly_first_order_s=nan" in out
+    assert "best_interval_s=" in out and "daly_first_order_s=21600.0" in out     # Daly: tau = M
 
 
 def test_a_per_rank_position_would_not_carry_over():

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from source_code.resilience import young_daly
 from source_code.resilience.exercise import CASES, check_snapshot_every, right
 from source_code.solutions.nb17_resilience import snapshot_every_steps
+
+# bound here, before any check runs: the check hides young_daly's functions from the answer
+best_interval, waste_fraction = young_daly.best_interval, young_daly.waste_fraction
 
 
 def test_reference_passes():
@@ -18,11 +23,11 @@ def _mtbf(f):
 
 
 def _floor_of_best(c, s, f):
-    return max(1, math.floor(young_daly.best_interval(c, _mtbf(f)) / s))
+    return max(1, math.floor(best_interval(c, _mtbf(f)) / s))
 
 
 def _grid_search(c, s, f):       # another way: scan whole steps around the first guess
-    waste = lambda n: young_daly.waste_fraction(n * s, c, _mtbf(f))
+    waste = lambda n: waste_fraction(n * s, c, _mtbf(f))
     guess = max(1, round(math.sqrt(2 * c * _mtbf(f)) / s))
     return min(range(1, 3 * guess + 2), key=waste)
 
@@ -33,8 +38,18 @@ def _daly_capped(c, s, f):       # first-order Daly, M beyond C >= 2M
 
 
 def test_right_answers_written_another_way_pass():
-    for fn in (_floor_of_best, _grid_search, lambda c, s, f: float(snapshot_every_steps(c, s, f))):
+    for fn in (_floor_of_best, _grid_search, lambda c, s, f: float(snapshot_every_steps(c, s, f)),
+               lambda c, s, f: np.int64(snapshot_every_steps(c, s, f)),
+               lambda c, s, f: np.float32(snapshot_every_steps(c, s, f))):
         assert check_snapshot_every(fn).startswith("correct"), fn
+
+
+def test_the_models_functions_are_hidden_from_the_answer_and_come_back():
+    def one_call(c, s, f):
+        return max(1, round(young_daly.best_interval(c, 86400 / f) / s))
+    verdict = check_snapshot_every(one_call)
+    assert verdict.startswith("wrong") and "hidden" in verdict and "\n" not in verdict, verdict
+    assert young_daly.best_interval is best_interval and young_daly.waste_fraction is waste_fraction
 
 
 def _young(c, s, f):
@@ -47,11 +62,11 @@ def _daly_uncapped(c, s, f):
 
 
 def _mtbf_in_days(c, s, f):
-    return max(1, round(young_daly.best_interval(c, 1 / f) / s))
+    return max(1, round(best_interval(c, 1 / f) / s))
 
 
 def _seconds_not_steps(c, s, f):
-    return round(young_daly.best_interval(c, _mtbf(f)))
+    return round(best_interval(c, _mtbf(f)))
 
 
 def _no_factor_2(c, s, f):

@@ -4,7 +4,10 @@
 
 Every agent runs ``torchrun --nnodes=MIN:MAX --nproc-per-node=1 --rdzv-backend=c10d
 --max-restarts=3`` on elastic_train.py, meeting at one c10d rendezvous on 127.0.0.1 (the first
-agent hosts it, as the first node of a job would). The drill:
+agent hosts it, as the first node of a job would). Each agent is torchrun's own main() in a
+process forked with torch imported (forked.py), and forks its workers (torchrun's
+``--start-method=fork --run-path``): on a cluster each would import torch anew, seconds a
+start that the drill does not measure. The drill:
 1. agents A and B form a world of 2 (with MAX nodes present the rendezvous completes at once;
    if B's agent is late, A's round closes alone after ``last_call_timeout``, and A's worker waits
    at sample 0, ``--hold-at 0,..``, until B's arrival restarts it into the world of 2);
@@ -23,8 +26,6 @@ The last line: ``summary: worlds=2,1,2 restart_counts=A0+B0,A1,A1+C0 ... exactly
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,12 +35,20 @@ from source_code import processes
 from source_code.cli import Parser, nonnegative_int, positive_int
 from source_code.distributed import free_port
 from source_code.errors import LaunchError, run_main
-from source_code.resilience import elastic_history, elastic_train
+from source_code.resilience import elastic_history, elastic_train, forked
 
-# a dead node leaves after keep_alive_interval x keep_alive_max_attempt seconds without a
-# heartbeat; a round with MIN..MAX-1 nodes waits last_call_timeout for more (defaults: 5 x 3, 30)
-RDZV_CONF = "join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
-AGENT_LINES = ("group_world_size=", "restart_count=", "will restart worker group", "world ", "epoch done")
+# the rendezvous's timeouts (torchrun's defaults: 600, 30, 5, 3), printed by the notebook:
+# a node whose agent sent no heartbeat for keep_alive_interval x keep_alive_max_attempt seconds
+# is dead (it holds the next round that long; a live agent starved that long would be dropped);
+# a round with MIN..MAX-1 nodes waits last_call_timeout for more before it completes
+RDZV_TIMEOUTS = {"join_timeout": 60, "last_call_timeout": 1, "keep_alive_interval": 1, "keep_alive_max_attempt": 5}
+RDZV_CONF = ",".join(f"{k}={v}" for k, v in RDZV_TIMEOUTS.items())
+AGENT_LINES = ("group_world_size=", "restart_count=", "will restart worker group")   # torchrun's
+
+
+def shown(line: str) -> bool:
+    """A line the drill streams: torchrun's about its rendezvous and restarts, the worker's own."""
+    return any(key in line for key in AGENT_LINES) or short(line).startswith("world ")
 
 
 _PRINT = threading.Lock()       # one line at a time from the agents' reader threads
@@ -54,22 +63,22 @@ def say(text: str) -> None:
 class Agent:
     """One torchrun agent (a node) whose output is kept and, where it matters, streamed."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict, stream: bool):
-        self.name, self.lines = name, []
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env, start_new_session=True)
-        self.reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self.reader.start()
+    def __init__(self, name: str, argv: list, env: dict, stream: bool, workdir: str):
+        self.name = name
+        out = os.path.join(workdir, f"agent_{name}.log")             # all it says
+        self.proc = forked.start("torch.distributed.run", argv, out, env)
+        self.tail = forked.Tail(out, self.proc, self._line if stream else None)
 
-    def _read(self, stream: bool) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if stream and any(key in line for key in AGENT_LINES):
-                say(f"node {self.name}: {short(line)}")
+    @property
+    def lines(self) -> list:
+        return self.tail.lines
+
+    def _line(self, line: str) -> None:
+        if shown(line):
+            say(f"node {self.name}: {short(line)}")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        forked.kill(self.proc)
 
 
 def short(line: str) -> str:
@@ -80,13 +89,13 @@ def short(line: str) -> str:
 
 def agent_command(port: int, run_id: str, min_nodes: int, max_nodes: int, max_restarts: int,
                   worker_args: list, host: bool) -> list[str]:
-    """One node's torchrun. ``host``: this agent serves the rendezvous store (on one machine every
-    agent would think the endpoint is its own, so the others are told they are not)."""
+    """One node's torchrun arguments. ``host``: this agent serves the rendezvous store (on one
+    machine every agent would think the endpoint is its own, so the others are told they are not)."""
     conf = f"{RDZV_CONF},is_host={str(host).lower()}"
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={min_nodes}:{max_nodes}",
-            "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            f"--rdzv-id={run_id}", f"--rdzv-conf={conf}", f"--max-restarts={max_restarts}",
-            "--monitor-interval=0.2", "-m", "source_code.resilience.elastic_train", *map(str, worker_args)]
+    return [f"--nnodes={min_nodes}:{max_nodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}", f"--rdzv-conf={conf}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.2", "--start-method=fork",
+            "--run-path", elastic_train.__file__, *map(str, worker_args)]
 
 
 def _wait_for(test, what: str, timeout: float, agents) -> None:
@@ -113,6 +122,7 @@ def drill(kill_after: int = 32, samples: int = 128, batch_size: int = 8, sample_
     check(kill_after, samples, batch_size)
     stream = processes.in_notebook() if stream is None else stream
     workdir = workdir or tempfile.mkdtemp(prefix="elastic_")
+    os.makedirs(workdir, exist_ok=True)             # the agents' logs go there from their start
     logs, ckpt = os.path.join(workdir, "logs"), os.path.join(workdir, "checkpoints")
     port, hold_at = free_port(), kill_after + batch_size
     worker_args = ["--checkpoint-dir", ckpt, "--log-dir", logs, "--samples", samples,
@@ -126,28 +136,25 @@ def drill(kill_after: int = 32, samples: int = 128, batch_size: int = 8, sample_
     read = lambda: elastic_history.read(logs)
     agents = []
     try:
-        agents.append(Agent("A", cmd(True), env, stream))                     # A hosts the store
-        agents.append(Agent("B", cmd(False, "--die-at", kill_after), env, stream))   # B dies at kill_after
-        _wait_for(lambda: agents[1].proc.poll() is not None, f"death of node B at sample {kill_after}",
+        agents.append(Agent("A", cmd(True), env, stream, workdir))              # A hosts the store
+        agents.append(Agent("B", cmd(False, "--die-at", kill_after), env, stream, workdir))   # dies at kill_after
+        _wait_for(lambda: agents[1].proc.exitcode is not None, f"death of node B at sample {kill_after}",
                   timeout, agents)
         if stream:
             say(f"node B: died after sample {kill_after} (its worker SIGKILLed its agent and itself)")
         held = os.path.join(ckpt, f"step_{hold_at:06d}")        # world 1 waits there for a node to join
         _wait_for(lambda: elastic_train.latest_checkpoint(ckpt) == held, f"world of 1 at sample {hold_at}",
                   timeout, agents)
-        agents.append(Agent("C", cmd(False), env, stream))       # a node joins (it takes seconds to start)
+        agents.append(Agent("C", cmd(False), env, stream, workdir))       # a node joins
         if stream:
             say("node C: started")
         for a in (agents[0], agents[2]):
-            a.proc.wait(timeout)
+            a.proc.join(timeout)
     finally:
         for a in agents:
             a.kill()
-            a.proc.wait()
-            a.reader.join(5)
-            with open(os.path.join(workdir, f"agent_{a.name}.log"), "w") as f:   # all it said
-                f.writelines(a.lines)
-    bad = [(a.name, a.proc.returncode) for a in (agents[0], agents[2]) if a.proc.returncode != 0]
+            a.tail.join()
+    bad = [(a.name, a.proc.exitcode) for a in (agents[0], agents[2]) if a.proc.exitcode != 0]
     if bad:
         raise processes.ProcessesFailed(f"elastic drill: agents ended badly {bad}\n"
                                         + "".join(agents[0].lines[-25:]))

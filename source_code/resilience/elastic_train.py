@@ -74,6 +74,10 @@ def train(me, args) -> None:
     found = latest_checkpoint(args.checkpoint_dir)
     if found:
         reshard.load(found, model, optimizer, position)           # any world size -> this one
+        # the drill: a world of one that resumes where it must wait waits there too (a joining
+        # node whose round closed before the held worker's agent came back to the rendezvous)
+        if position.consumed in args.hold_at and me.world_size == 1:
+            drill_faults(args, me, position.consumed, None)
     else:
         drill_faults(args, me, 0, None)                           # the drill: wait for a partner
     resumed_at, port = position.consumed, int(os.environ["MASTER_PORT"])    # port: new every round

@@ -7,12 +7,24 @@ configurations the notebook never prints and accepts any whole number of steps w
 that model is within ``TOLERANCE`` of the least a whole number of steps can waste (the minimum
 is flat: the closed formulas, rounding up or down, are all right where the model says so). It
 returns one line: "correct: ..." or what is wrong (it never raises through the learner's cell).
+Any whole number counts, whatever its type (an int, a float such as 12.0, a NumPy integer).
+While the learner's function runs, young_daly's functions are hidden (each raises a one-line
+error): calling ``best_interval`` would be the whole answer, and the exercise is to find the
+best whole number of steps from section 2's formula.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 
 from source_code.resilience import young_daly
+
+# the model's functions, kept for the check itself (the learner's code finds them hidden)
+_WASTE, _BEST = young_daly.waste_fraction, young_daly.best_interval
+HIDDEN = ("waste_fraction", "best_interval", "young_interval", "daly_first_order", "simulate")
+HIDDEN_MESSAGE = ("young_daly's functions are hidden during the check: find the best whole number "
+                  "of steps from section 2's waste formula yourself")
 
 TOLERANCE = 0.01       # at most 1 % more waste than the best whole number of steps
 # (snapshot seconds, step seconds, failures per day): a laptop drill, a big cluster, a costly
@@ -23,12 +35,12 @@ CASES = [(0.03, 0.05, 24.0), (45.0, 2.0, 6.0), (600.0, 10.0, 24.0), (3000.0, 10.
 
 
 def waste(steps: float, snapshot_s: float, step_s: float, failures_per_day: float) -> float:
-    return young_daly.waste_fraction(steps * step_s, snapshot_s, 86400 / failures_per_day)
+    return _WASTE(steps * step_s, snapshot_s, 86400 / failures_per_day)
 
 
 def least_waste(snapshot_s: float, step_s: float, failures_per_day: float) -> float:
     """The least waste a whole number (>= 1) of steps gets, next to the model's best interval."""
-    best = young_daly.best_interval(snapshot_s, 86400 / failures_per_day) / step_s
+    best = _BEST(snapshot_s, 86400 / failures_per_day) / step_s
     return min(waste(n, snapshot_s, step_s, failures_per_day)
                for n in {max(1, math.floor(best)), max(1, math.ceil(best))})
 
@@ -56,9 +68,9 @@ def _diagnose(fn_values: list, cases) -> str:
         (DALY, lambda c, s, f: steps(math.sqrt(2 * c * 86400 / f) - c, s) if c < 2 * 86400 / f
          else steps(86400 / f, s)),
         ("the time between failures must be in seconds (a day has 86400 of them), not in days",
-         lambda c, s, f: steps(young_daly.best_interval(c, 1 / f), s)),
+         lambda c, s, f: steps(_BEST(c, 1 / f), s)),
         ("that is an interval in seconds: the question asks for training steps",
-         lambda c, s, f: young_daly.best_interval(c, 86400 / f)),
+         lambda c, s, f: _BEST(c, 86400 / f)),
         ("the factor 2 is missing (on average half an interval is redone after a failure)",
          lambda c, s, f: steps(math.sqrt(c * 86400 / f), s)),
     ]
@@ -71,18 +83,39 @@ def _diagnose(fn_values: list, cases) -> str:
     return ""
 
 
+class Hidden(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _hidden():
+    def hidden(*_args, **_kwargs):
+        raise Hidden(HIDDEN_MESSAGE)
+    kept = {name: getattr(young_daly, name) for name in HIDDEN}
+    try:
+        for name in HIDDEN:
+            setattr(young_daly, name, hidden)
+        yield
+    finally:
+        for name, fn in kept.items():
+            setattr(young_daly, name, fn)
+
+
 def check_snapshot_every(fn) -> str:
     values = []
     for case in CASES:
         try:
-            got = fn(*case)
+            with _hidden():
+                got = fn(*case)
         except NotImplementedError:
             return "not done yet: write snapshot_every_steps, then run this cell again"
+        except Hidden:
+            return f"wrong: {HIDDEN_MESSAGE}"
         except Exception as exc:                  # one line, no traceback through the checker
             return f"wrong: it raised {type(exc).__name__}: {exc}"[:200]
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != got:
+        if isinstance(got, bool) or not isinstance(got, numbers.Real) or got != got or math.isinf(got):
             return f"wrong: return a number of steps (an int), got {got!r}"[:200]
-        values.append(got)
+        values.append(float(got))
     if any(v < 1 for v in values):
         return "wrong: a snapshot interval is at least one step"
     if any(v != int(v) for v in values):
@@ -94,6 +127,6 @@ def check_snapshot_every(fn) -> str:
     if hint:
         return f"wrong: {hint}"
     c, s, f = CASES[bad[0]]
-    side = "large" if values[bad[0]] > young_daly.best_interval(c, 86400 / f) / s else "small"
+    side = "large" if values[bad[0]] > _BEST(c, 86400 / f) / s else "small"
     return (f"wrong: too {side} for snapshot={c} s, step={s} s, {f} failures a day "
             f"({len(bad)} of {len(CASES)} configurations waste more than they must)")

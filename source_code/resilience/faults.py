@@ -5,8 +5,8 @@ happens does not depend on how fast a poller notices (a harness that watches log
 from outside lands at a different step on a loaded machine):
 
 * ``die_in_torchft_allreduce(manager, after, log)``: the replica group SIGKILLs itself inside
-  its gradient all-reduce once ``after`` steps are committed: its peers are in the same
-  all-reduce, which cannot complete, so they must throw that step away;
+  gradient all-reduce once ``after`` steps are committed and the step's quorum holds its peers:
+  they are in the same all-reduce, which cannot complete, so they must throw that step away;
 * ``die_in_ddp_allreduce(ddp, committed, after, log)``: the same for a DDP rank (a comm hook);
 * ``die_with_agent()``: a node's failure seen from its worker: SIGKILL to its torchrun agent
   (the parent) and to itself;
@@ -30,11 +30,17 @@ def _die(log, **fields) -> None:
 
 def die_in_torchft_allreduce(manager, after: int, log, samples: int, replica: int) -> None:
     """Replace ``manager.allreduce`` (torchft's DDP comm hook calls it) by one that dies at
-    the step after ``after`` committed steps: ``samples`` computed for nothing."""
+    the step after ``after`` committed steps: ``samples`` computed for nothing.
+
+    It dies only once this step's quorum is settled with its peers in it (``num_participants``
+    waits for the quorum): every peer's all-reduce of this step then includes this group and
+    cannot complete, so each peer records the error and throws the step away, however fast or
+    slow either side is. (Dying before the quorum is settled could let the lighthouse form the
+    step's quorum without this group, once its heartbeat stopped: the peers would commit.)"""
     allreduce = manager.allreduce
 
     def maybe_die(tensor, *args, **kwargs):
-        if manager.current_step() == after:
+        if manager.current_step() == after and manager.num_participants() > 1:
             print(f"replica {replica}: killed in the all-reduce of step {after + 1} (SIGKILL)", flush=True)
             _die(log, replica=replica, step=after, samples=samples)
         return allreduce(tensor, *args, **kwargs)

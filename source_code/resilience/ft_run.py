@@ -4,25 +4,23 @@
 
 The harness plays the part of the cluster: it starts torchft's lighthouse (the service every
 group asks "who is alive this step?") in this process, bound to 127.0.0.1; it starts each
-replica group (source_code/resilience/ft_replica.py); when the drill kills one, it starts that
-group again once the others have committed a step without it (as a replacement node would
-come back, later than the lighthouse's heartbeat timeout); at the end
-it stops the lighthouse and every process it started, also after an error or an interrupt.
-What happened is read back from the replicas' JSON-lines logs (recovery.py measures it).
+replica group (source_code/resilience/ft_replica.py, ``python -m`` as on a node, forked from a
+server that has torch imported: forked.py); when the drill kills one, it starts that group
+again once the others have committed a step without it (as a replacement node would come
+back, later than the lighthouse's heartbeat timeout); at the end it stops the lighthouse and
+every process it started, also after an error or an interrupt. What happened is read back
+from the replicas' JSON-lines logs (recovery.py measures it).
 """
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 
 from source_code.cli import Parser, nonnegative_int, positive_int
 from source_code.errors import LaunchError, run_main
 from source_code.processes import in_notebook
-from source_code.resilience import common, recovery
+from source_code.resilience import common, forked, recovery
 
 QUIET = {"RUST_LOG": "error"}      # torchft's Rust side logs every quorum at INFO
 os.environ.setdefault("RUST_LOG", "error")   # read once, when torchft's Rust module first loads
@@ -76,13 +74,6 @@ def _went_on_alone(logs: list, victim: int, replicas: int) -> bool:
                for r, path in enumerate(logs) if r != victim for e in common.read_log(path))
 
 
-def _pump(proc, lines: list, stream: bool) -> None:
-    for line in proc.stdout:
-        lines.append(line)
-        if stream and line.startswith("replica "):     # the replicas' own lines, not library noise
-            print(line, end="", flush=True)
-
-
 def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
         step_seconds: float = 0.05, batch_size: int = 32, workdir=None, stream=None,
         timeout: float = 180) -> dict:
@@ -94,26 +85,30 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
     from torch.distributed import TCPStore
     gate = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse = start_lighthouse()
-    procs, threads, lines = {}, [], []
+    procs, tails, lines = {}, [], []
     logs = [os.path.join(workdir, f"replica_{r}.jsonl") for r in range(replicas)]
     for path in logs:
         if os.path.exists(path):
             os.remove(path)
 
+    def keep(line: str) -> None:
+        lines.append(line)
+        if stream and line.startswith("replica "):     # the replicas' own lines, not library noise
+            print(line, end="", flush=True)
+
     def launch(r: int, attempt: int):
-        cmd = [sys.executable, "-m", "source_code.resilience.ft_replica",
-               "--lighthouse", lighthouse.address(), "--replica", str(r), "--replicas", str(replicas),
+        argv = ["--lighthouse", lighthouse.address(), "--replica", str(r), "--replicas", str(replicas),
                "--steps", str(steps), "--batch-size", str(batch_size), "--step-seconds", str(step_seconds),
                "--attempt", str(attempt), "--log", logs[r], "--deadline", str(timeout), "--host", "127.0.0.1",
                "--timeout", str(COLLECTIVE_TIMEOUT_S), "--quorum-timeout", str(QUORUM_TIMEOUT_S),
                "--kill-at-step", str(kill_at if r == victim else 0)]
         if attempt == 0:
-            cmd += ["--gate", f"127.0.0.1:{gate.port}"]
+            argv += ["--gate", f"127.0.0.1:{gate.port}"]
         env = {**os.environ, **QUIET, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        t = threading.Thread(target=_pump, args=(p, lines, stream), daemon=True)
-        t.start()
-        procs[r], _ = p, threads.append(t)
+        out = os.path.join(workdir, f"replica_{r}_attempt_{attempt}.out")
+        p = forked.start("source_code.resilience.ft_replica", argv, out, env)
+        procs[r] = p
+        tails.append(forked.Tail(out, p, keep))
         return p
 
     deadline = time.time() + timeout + 30
@@ -121,14 +116,14 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
     try:
         for r in range(replicas):
             launch(r, 0)
-        while any(p.poll() is None for p in procs.values()) or len(restarted) < (1 if kill_at else 0):
+        while any(p.exitcode is None for p in procs.values()) or len(restarted) < (1 if kill_at else 0):
             for r, p in list(procs.items()):
                 # killed by the drill: started again once the others went on without it (a
                 # replacement takes longer than the lighthouse's heartbeat timeout, here as on a cluster)
-                if p.poll() == -9 and r not in restarted and _went_on_alone(logs, r, replicas):
+                if p.exitcode == -9 and r not in restarted and _went_on_alone(logs, r, replicas):
                     restarted[r] = time.time()
                     launch(r, 1)
-                elif p.poll() not in (None, 0, -9):
+                elif p.exitcode not in (None, 0, -9):
                     raise RuntimeError(f"replica {r} failed (exit {p.returncode}):\n"
                                        + "".join(lines[-20:]))
             if time.time() > deadline:
@@ -136,11 +131,9 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
             time.sleep(0.05)
     finally:
         for p in procs.values():                 # nothing outlives the run ...
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for t in threads:
-            t.join(timeout=5)
+            forked.kill(p)
+        for t in tails:
+            t.join()
         lighthouse.shutdown()                    # ... the lighthouse included
     events = {r: common.read_log(path) for r, path in enumerate(logs)}
     return {"events": events, "restarted_at": restarted, "victim": victim, "kill_at": kill_at,

@@ -17,7 +17,7 @@ def _key(d: dict, k: int):
 def progress_figure(res: dict):
     """Left: the torchrun job restarted from its snapshot; middle: torchft's replica groups (both
     against seconds since the kill, global step committed); right: the eval loss of both runs
-    against seconds since each run's start, with the time at which the losses are compared."""
+    against seconds since the kill, with the time at which the losses are compared."""
     ft, rs = res["ft"], res["restart"]
     fig, (left, mid, right) = plt.subplots(1, 3, figsize=(13, 4.4))
     mid.sharex(left)
@@ -48,11 +48,12 @@ def progress_figure(res: dict):
         ax.set_xlabel("seconds since the kill")
     left.set_ylabel("global step committed")
     for run, name, color in ((rs, "restart", "tab:blue"), (ft, "torchft", "tab:green")):
-        ev = run["evals"]
-        right.plot([e["seconds"] for e in ev], [e["eval_loss"] for e in ev], ".-", color=color, ms=3,
+        ev, kill = run["evals"], run["kill_t"] - run["start_t"]
+        right.plot([e["seconds"] - kill for e in ev], [e["eval_loss"] for e in ev], ".-", color=color, ms=3,
                    drawstyle="steps-post", label=f"{name}: eval loss")    # the model the job has
-    right.axvline(res["equal_seconds"], color="grey", lw=0.8, ls="--", label="equal time")
-    right.set_xlabel("seconds since the run's start")
+    right.axvline(0, color="black", lw=0.8, ls=":")
+    right.axvline(res["equal_seconds_after_kill"], color="grey", lw=0.8, ls="--", label="equal time")
+    right.set_xlabel("seconds since the kill")
     right.set_ylabel("eval loss (256 fixed samples)")
     right.set_title("loss against wall-clock time", fontsize=10)
     keys = {}

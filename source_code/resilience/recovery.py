@@ -11,8 +11,12 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   for nothing: steps rolled back, the step in flight, a discarded step, a healing group's zero
   contribution), ``skipped`` (in a committed step's global batch but trained by no group: the
   slice of a group that was down); lost = thrown away + skipped;
-* goodput: trained samples per second of the run's wall time (first step to last);
-* the eval loss curve against time since the run's start, for losses at equal steps and time.
+* the same window for both ways (``window``): from the kill to the commit of one global step
+  ``S`` at which both are back at full batch (the first step torchft trains with every group
+  again); each run's seconds there, the samples of steps kill+1..S it trained, its goodput
+  (those samples per second) and its seconds lost: the window's length minus what its steps
+  took before the kill (a run's median step time). Per failure, not per run length;
+* the eval loss curve against time, for losses at equal steps and at equal time after the kill.
 """
 from __future__ import annotations
 
@@ -32,6 +36,27 @@ def _evals(events_by_rank: dict, t0: float) -> list:
     out = sorted((e["t"] - t0, e["step"], e["eval_loss"]) for evs in events_by_rank.values()
                  for e in evs if e.get("event") == "eval")
     return [{"seconds": s, "step": st, "eval_loss": loss} for s, st, loss in out]
+
+
+def _median(values: list) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else float("nan")
+
+
+def _step_seconds(commits: dict, before: int) -> float:
+    """The median time between consecutive committed steps up to ``before`` (no failure yet)."""
+    return _median([commits[s] - commits[s - 1] for s in commits if s <= before and s - 1 in commits])
+
+
+def window(run: dict, kill_step: int, until: int, batch_size: int) -> dict:
+    """From the kill to the commit of global step ``until``: ``run`` is ft_metrics' or
+    restart_metrics' result (``commits``: step -> time committed; ``trained``: step -> samples)."""
+    steps = range(kill_step + 1, until + 1)
+    seconds = run["commits"][until] - run["kill_t"]
+    trained = sum(run["trained"].get(s, 0) for s in steps)
+    return {"until_step": until, "seconds": seconds, "samples_trained": trained,
+            "samples_missing": len(steps) * batch_size - trained, "goodput": trained / seconds,
+            "seconds_lost": seconds - len(steps) * run["step_seconds"]}
 
 
 def loss_at_seconds(evals: list, seconds: float) -> dict:
@@ -68,6 +93,11 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
     ends = [e for evs in events.values() for e in evs if e.get("event") == "end"]
     bitwise = len(ends) == len(events) and len({(e["digest"], e["step"]) for e in ends}) == 1
     last = max(e["t"] for e in every if e["committed"])
+    commits = {}
+    for e in sorted(mine, key=lambda e: e["t"]):
+        if e["committed"]:
+            commits.setdefault(e["step"], e["t"])                       # the first group to commit it
+    full = [s for s in sorted(commits) if s > kill["step"] and trained.get(s, 0) == batch_size]
     return {"kill_step": kill["step"], "kill_t": kill["t"], "start_t": t0,
             "steps_lost": done_at_kill - after[0]["before"],
             "seconds_without_progress": after[0]["t"] - kill["t"],
@@ -79,7 +109,9 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
             "samples_skipped": sum(batch_size - trained.get(s, 0) for s in committed_steps),
             "samples_lost": computed - n_trained + sum(batch_size - trained.get(s, 0) for s in committed_steps),
-            "seconds": last - t0, "goodput": n_trained / (last - t0),
+            "seconds": last - t0, "commits": commits, "trained": trained,
+            "step_seconds": _step_seconds(commits, kill["step"]),
+            "full_step": full[0] if full else None,          # back at full batch (every group)
             "final_step": max(e["step"] for e in ends) if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
             "evals": _evals(events, t0)}
@@ -104,19 +136,18 @@ def restart_metrics(events: dict, batch_size: int) -> dict:
     skipped = sum(batch_size - n for n in trained.values())
     caught_up = next((e for e in again if e["step"] >= kill["step"]), again[-1])
     snaps = [e["seconds"] for evs in events.values() for e in evs if e.get("event") == "snapshot"]
-    steps0 = sorted((e for e in _steps(events[0], attempt=0)), key=lambda e: e["t"])
-    gaps = [b["t"] - a["t"] for a, b in zip(steps0, steps0[1:])]
+    commits = {e["step"]: e["t"] for e in sorted(lineage, key=lambda e: e["t"])}   # the last rank's
     ends = [e for evs in events.values() for e in evs if e.get("event") == "end"]
     t0, last = min(e["begun"] for e in every), max(e["t"] for e in again)
     return {"kill_step": kill["step"], "kill_t": kill["t"], "start_t": t0, "resumed_from": start,
             "steps_lost": kill["step"] - start,
             "seconds_without_progress": again[0]["t"] - kill["t"],
             "seconds_to_catch_up": caught_up["t"] - kill["t"],
-            "snapshot_seconds": sorted(snaps)[len(snaps) // 2] if snaps else float("nan"),
-            "step_seconds": sorted(gaps)[len(gaps) // 2] if gaps else float("nan"),
+            "snapshot_seconds": _median(snaps), "commits": commits, "trained": trained,
+            "step_seconds": _step_seconds(commits, start),
             "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
             "samples_skipped": skipped, "samples_lost": computed - n_trained + skipped,
-            "seconds": last - t0, "goodput": n_trained / (last - t0),
+            "seconds": last - t0,
             "final_step": ends[0]["step"] if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
             "evals": _evals(events, t0)}

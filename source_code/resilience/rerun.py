@@ -7,8 +7,11 @@ leaves a wrong gradient that the all-reduce averages into every replica: the rep
 bitwise equal, so comparing their checksums (sdc.py) finds nothing. Megatron-LM's rerun state
 machine (megatron/core/rerun_state_machine.py) checks a *result* instead and replays the step:
 * ``is_unexpectedly_large``: each rank's local gradient norm, before the all-reduce, against
-  ``threshold`` x the largest value seen before (Megatron's rule for spiky losses and gradients,
-  which takes the largest of the first 100 values; NaN and Inf are rejected too);
+  ``threshold`` x the largest value seen before, after ``warmup`` values. Megatron's rule (its
+  ``is_unexpectedly_large``, for spiky losses and gradients) differs in two ways that a drill of
+  a few steps cannot copy: it flags nothing while it collects its first ``num_samples`` (100)
+  values and compares with the largest of those only; and it ignores NaN and Inf, which Megatron
+  rejects with validation calls of their own (this function flags them too);
 * ``attribute``: every rank goes back to the state before the step (the copy the check keeps)
   and computes its slice again on the *same device*; if the flagged value does not come back
   the fault was transient. If it does, the flagged slice is computed on *another device*
@@ -33,7 +36,8 @@ def local_grad_norm(model) -> float:
 
 
 def is_unexpectedly_large(value: float, seen: list[float], threshold: float = 10.0, warmup: int = 2) -> bool:
-    """Megatron's rejection rule: NaN, Inf, or at least ``threshold`` x the largest earlier value."""
+    """NaN, Inf, or at least ``threshold`` x the largest earlier value, after ``warmup`` values
+    (Megatron: the largest of its first 100, and NaN/Inf checked by a validation of their own)."""
     if math.isnan(value) or math.isinf(value):
         return True
     return len(seen) >= warmup and value >= threshold * max(seen)

@@ -13,8 +13,9 @@ M (exp(P/M) - 1), and the fraction of time wasted is
 solves exp((tau + C)/M) (1 - tau/M) = 1. Expanded to first order in P/M the waste is
 C/(tau + C) + tau/(2M), minimised by first-order Daly (2006): tau = sqrt(2 C M) - C; dropping C
 against tau as well gives C/tau + tau/(2M) and Young (1974): tau = sqrt(2 C M). Both are close
-to the model's minimum when C << M and drift away from it as C approaches M (the model still has
-a best interval there; the first-order formulas do not: sqrt(2 C M) - C < 0 for C > 2M).
+to the model's minimum when C << M and drift away from it as C approaches M. Daly's paper gives
+its estimates for C < 2M only (there sqrt(2 C M) - C is positive) and takes tau = M for C >= 2M;
+the model has its own best interval there too.
 """
 from __future__ import annotations
 
@@ -64,11 +65,11 @@ def young_interval(snapshot_s: float, mtbf_s: float) -> float:
 
 
 def daly_first_order(snapshot_s: float, mtbf_s: float) -> float:
-    """First-order Daly (2006): the minimum of C/(tau + C) + tau/(2M); no answer for C >= 2M."""
+    """First-order Daly (2006): the minimum of C/(tau + C) + tau/(2M) for C < 2M; for C >= 2M
+    (where sqrt(2CM) - C is not positive) Daly's paper takes tau = M."""
     _check(snapshot_s, mtbf_s)
     if snapshot_s >= 2 * mtbf_s:
-        raise ValueError(f"first-order Daly has no positive interval for a snapshot of {snapshot_s:g} s "
-                         f">= 2 x MTBF ({mtbf_s:g} s): use best_interval")
+        return mtbf_s
     return math.sqrt(2 * snapshot_s * mtbf_s) - snapshot_s
 
 
@@ -93,7 +94,7 @@ def main(argv=None):
         raise LaunchError("error: --snapshot-seconds and --failures-per-day must be finite")
     best = best_interval(a.snapshot_seconds, mtbf)
     young = young_interval(a.snapshot_seconds, mtbf)
-    daly = daly_first_order(a.snapshot_seconds, mtbf) if a.snapshot_seconds < 2 * mtbf else float("nan")
+    daly = daly_first_order(a.snapshot_seconds, mtbf)
     print(f"best_interval_s={best:.1f} waste_at_best={waste_fraction(best, a.snapshot_seconds, mtbf):.4f} "
           f"young_interval_s={young:.1f} waste_at_young={waste_fraction(young, a.snapshot_seconds, mtbf):.4f} "
           f"daly_first_order_s={daly:.1f}")
