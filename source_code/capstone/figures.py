@@ -64,12 +64,15 @@ def matrix_figure(result: dict):
     left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     left.set_title("loss curves: the configurations lie on one process's", fontsize=10)
     y = np.arange(len(rows))
-    floor = 1e-18                       # a difference of exactly 0 drawn at the axis' left end
+    floor = 1e-18                       # a difference of exactly 0: off the axis, labelled
     for dtype, dy, colour in (("fp32", 0.2, "tab:blue"), ("fp64", -0.2, "tab:purple")):
         have = [i for i, r in enumerate(rows) if dtype in r]
         right.barh(y[have] + dy, [max(rows[i][dtype]["loss_diff"], floor) for i in have], height=0.38,
                    color=colour, label=f"max |loss diff|, {dtype} ({result['steps'][dtype]} steps)")
         right.axvline(GOALS[dtype], color=colour, linestyle=":", label=f"{GOALS[dtype]:g} goal ({dtype})")
+        for i in have:
+            if rows[i][dtype]["loss_diff"] == 0:      # no bar on a log axis: say it
+                right.text(2e-17, y[i] + dy, f"0 ({dtype}: equal)", va="center", fontsize=7, color=colour)
     right.set_xscale("log")
     right.set_xlim(1e-17, 1e-3)
     right.set_yticks(y, [r["name"] for r in rows], fontsize=8)

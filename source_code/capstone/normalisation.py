@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from source_code import torch_versions
+from source_code import torch_versions, workload
 from source_code.capstone import seed
 from source_code.capstone.cp_model import cp_logits, my_tokens
 from source_code.capstone.loss import (global_token_count, global_token_loss, local_token_count,
@@ -45,8 +45,9 @@ MICRO = 2
 
 
 def uneven_batch(counts=COUNTS):
-    """4 samples of the sort task, sample i keeping its first counts[i] valid targets."""
-    x, y = seed.batches(1, len(counts))[0]
+    """4 samples of the sort task (each predicts its last 16 tokens), sample i keeping its first
+    counts[i] valid targets (from the unmasked batch: seed.batches has masked some already)."""
+    x, y = workload.global_batch(workload.sort_task(n=256), 0, len(counts))
     y = y.clone()
     for row, keep in zip(y, counts):
         valid = (row != -100).nonzero().flatten()
