@@ -17,11 +17,16 @@ from source_code.context_parallel.comm import Ring
 from source_code.solutions.nb19_capstone import train_step
 
 
-def _forward(model, x, y, mesh, count_group=None, local_count=False):
+def _groups(mesh):
+    return [mesh["dp"].get_group(), mesh["cp"].get_group()]
+
+
+def _forward(model, x, y, mesh, world_count=False, local_count=False):
     ring = Ring(mesh["cp"].get_group())
     xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
     ys = my_tokens(ys, ring)
-    count = local_token_count([ys]) if local_count else global_token_count([ys], count_group)
+    count = (local_token_count([ys]) if local_count else
+             global_token_count([ys]) if world_count else global_token_count([ys], _groups(mesh)))
     loss = global_token_loss(cp_logits(model, xs, ring), ys, count)
     loss.backward()
     return loss
@@ -31,9 +36,18 @@ def one_flat_all_reduce(model, x, y, mesh):       # correct, written another way
     loss = _forward(model, x, y, mesh)
     grads = [p.grad for p in model.parameters()]
     flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)                          # dp x cp is every rank of the mesh
+    for group in _groups(mesh):
+        dist.all_reduce(flat, group=group)
     for g, part in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(part.view_as(g))
+    return loss
+
+
+def count_over_world(model, x, y, mesh):          # the reductions right, the count over all ranks
+    loss = _forward(model, x, y, mesh, world_count=True)
+    for p in model.parameters():
+        for group in _groups(mesh):
+            dist.all_reduce(p.grad, group=group)
     return loss
 
 
@@ -54,7 +68,8 @@ def over_cp_only(model, x, y, mesh):
 def averaged(model, x, y, mesh):
     loss = _forward(model, x, y, mesh)
     for p in model.parameters():
-        dist.all_reduce(p.grad)
+        for group in _groups(mesh):
+            dist.all_reduce(p.grad, group=group)
         p.grad /= dist.get_world_size()
     return loss
 
@@ -62,7 +77,8 @@ def averaged(model, x, y, mesh):
 def local_count(model, x, y, mesh):               # each rank divides by its own tokens
     loss = _forward(model, x, y, mesh, local_count=True)
     for p in model.parameters():
-        dist.all_reduce(p.grad)
+        for group in _groups(mesh):
+            dist.all_reduce(p.grad, group=group)
     return loss
 
 
@@ -70,15 +86,56 @@ def raises(model, x, y, mesh):
     raise RuntimeError("forgot the groups")
 
 
-def test_reference_passes_and_wrong_answers_are_named():
-    got = exercises.diagnose([train_step, one_flat_all_reduce, exercises.handed_step, over_dp_only,
-                              over_cp_only, averaged, local_count, raises])
-    for ok, line in got[:2]:
+HELPERS = """
+import torch.distributed as dist
+
+from source_code.capstone.cp_model import cp_logits, my_tokens
+from source_code.capstone.loss import global_token_loss
+from source_code.capstone.runner import piece
+from source_code.context_parallel.comm import Ring
+
+TOKEN_DIMS = ("dp", "cp")
+
+
+def add_over(tensor, mesh):
+    for dim in TOKEN_DIMS:
+        dist.all_reduce(tensor, group=mesh[dim].get_group())
+    return tensor
+
+
+def train_step(model, x, y, mesh):
+    ring = Ring(mesh["cp"].get_group())
+    xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
+    ys = my_tokens(ys, ring)
+    loss = global_token_loss(cp_logits(model, xs, ring), ys, add_over((ys != -100).sum(), mesh))
+    loss.backward()
+    for p in model.parameters():
+        add_over(p.grad, mesh)
+    return loss
+"""
+
+
+def notebook_function(tmp_path):
+    """A correct step written as a notebook would: helper function and constant defined beside it
+    (module "__main__", nothing importable)."""
+    path = tmp_path / "cell.py"
+    path.write_text(HELPERS)
+    namespace = {"__name__": "__main__"}
+    exec(compile(HELPERS, str(path), "exec"), namespace)
+    return namespace["train_step"]
+
+
+def test_reference_passes_and_wrong_answers_are_named(tmp_path):
+    got = exercises.diagnose([train_step, one_flat_all_reduce, notebook_function(tmp_path),
+                              exercises.handed_step, over_dp_only, over_cp_only, averaged,
+                              local_count, raises, count_over_world])
+    for ok, line in got[:3]:
         assert ok and line.startswith("correct"), line
     expected = [("wrong where it is", "every parameter but layers.*.attn.wk.weight"),
                 ("wrong where it is", "every parameter;"), ("on its own samples alone",),
-                ("divided by the number of ranks",), ("on every mesh",), ("forgot the groups",)]
-    for (ok, line), words in zip(got[2:], expected):
+                ("divided by the number of ranks",), ("on every mesh",), ("forgot the groups",),
+                ("inside a larger job", "0.5 x one process's")]
+    for (ok, line), words in zip(got[3:], expected, strict=True):
         assert not ok and "\n" not in line and all(w in line for w in words), (words, line)
 
 

@@ -9,10 +9,13 @@ one-process curve. The learner gets that run and a tool:
     show_report(report)                # grouped by kind of parameter (the layers folded)
 
 and writes ``train_step(model, x, y, mesh)`` whose gradients equal one process's.
-``check_train_step(train_step)`` prints one line: it runs the step on dp x cp meshes 2 x 2,
-1 x 4 and 4 x 1 in 4 processes, on samples the notebook never shows. A function defined in a
-notebook cell cannot be pickled, so its source is sent and executed there, with the modules and
-importable functions its code names (a name defined only in the notebook is an error).
+``check_train_step(train_step)`` prints one line: it runs the step in 4 processes on dp x cp
+meshes of every rank (2 x 2, 1 x 4, 4 x 1) and on dp x cp meshes inside a larger job (2 x 1 and
+1 x 2, each copied on 2 ranks that hold the same tokens, as a tensor-parallel dimension would),
+on samples the notebook never shows (CHECK_SEED; the report's are DATA_SEED's). A function
+defined in a notebook cell cannot be pickled, so its source is sent and executed there, with
+the modules, importable objects, simple constants and the notebook's own helper functions its
+code names.
 Reference: source_code/solutions/nb19_capstone.py.
 """
 from __future__ import annotations
@@ -34,9 +37,11 @@ from source_code.context_parallel.comm import Ring
 from source_code.mesh.reference import make_optimizer
 
 WORLD = 4
-MESHES = ((2, 2), (1, 4), (4, 1))   # (dp, cp) on 4 ranks; the report's is the first
+MESHES = ((2, 2, 1), (1, 4, 1), (4, 1, 1), (2, 1, 2), (1, 2, 2))   # (dp, cp, copies) on 4 ranks
+REPORT_MESH = (2, 2, 1)
 TOL = 1e-6
-DATA_SEED = 7                       # samples the notebook never shows
+DATA_SEED = 7                       # the report's samples (the handed run's report)
+CHECK_SEED = 11                     # the check's: samples the notebook never shows
 
 
 def handed_step(model, x, y, mesh):
@@ -45,13 +50,13 @@ def handed_step(model, x, y, mesh):
     ring = Ring(cp_group)                                           # my samples' other tokens
     xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())   # my samples
     ys = my_tokens(ys, ring)                                        # my tokens of them
-    count = global_token_count([ys])                                # every rank's tokens
+    count = global_token_count([ys])                                # the step's tokens
     loss = global_token_loss(cp_logits(model, xs, ring), ys, count)
     loss.backward()
     for p in model.parameters():
         dist.all_reduce(p.grad, group=dp_group)                     # the other samples' part
-    for block in model.layers:                                      # ring attention mixes tokens:
-        for p in block.attn.parameters():                           # its weights' other-token part
+    for block in model.layers:                                      # ring attention:
+        for p in block.attn.parameters():                           # the other tokens' part
             dist.all_reduce(p.grad, group=cp_group)
     return loss
 
@@ -70,22 +75,31 @@ def step_runner(spec: Spec, train_step, dp: int = 2, cp: int = 2) -> Runner:
     return Runner(step, lambda: full_weights(model))
 
 
+def dp_cp_mesh(dp: int, cp: int, copies: int = 1):
+    """A ("dp", "cp") mesh; with ``copies`` > 1, the dp x cp part of a ("copy", "dp", "cp") mesh
+    of all the ranks (``copies`` ranks hold the same samples and tokens)."""
+    if copies == 1:
+        return mesh((dp, cp), ("dp", "cp"))
+    return mesh((copies, dp, cp), ("copy", "dp", "cp"))["dp", "cp"]
+
+
 def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) -> list[dict]:
-    """On every rank: one ``train_step`` per mesh from the seed; per mesh {"dp", "cp", "diffs":
-    {parameter: max |grad - one process| over all ranks}, "scale": max |one-process grad|}."""
+    """On every rank: one ``train_step`` per (dp, cp, copies) mesh from the seed; per mesh {"dp",
+    "cp", "copies", "diffs": {parameter: max |grad - one process| over all ranks}, "scale": max
+    |one-process grad|, "factor"}."""
     x, y = seed.batches(1, 8, data_seed)[0]
     reference = seed.load_seed(path)
     global_token_loss(reference(x), y, int((y != -100).sum())).backward()
     ref = {n: p.grad for n, p in reference.named_parameters()}
     out = []
-    for dp, cp in meshes:
+    for dp, cp, copies in meshes:
         model = seed.load_seed(path)
-        train_step(model, x, y, mesh((dp, cp), ("dp", "cp")))
+        train_step(model, x, y, dp_cp_mesh(dp, cp, copies))
         named = dict(model.named_parameters())
         diffs = torch.tensor([(named[n].grad - r).abs().max().item() if named[n].grad is not None
                               else float("inf") for n, r in ref.items()], dtype=torch.float64)
         dist.all_reduce(diffs, op=dist.ReduceOp.MAX)                # the worst rank's
-        out.append({"dp": dp, "cp": cp, "diffs": dict(zip(ref, diffs.tolist())),
+        out.append({"dp": dp, "cp": cp, "copies": copies, "diffs": dict(zip(ref, diffs.tolist())),
                     "scale": max(r.abs().max().item() for r in ref.values()),
                     "factor": _factor(named, ref)})
     return out
@@ -121,26 +135,37 @@ def show_report(report: dict, tol: float = TOL) -> list[str]:
 
 
 # ------------------------------------------------------------------ running a notebook's function
-def portable(fn) -> tuple[str, str, dict]:
-    """(source, name, {global name: ("module", m) | ("attr", m, qualname)}) of ``fn``: what a
-    fresh process needs to rebuild it (the modules and importable objects its code names)."""
+def _source(fn) -> str:
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        return textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
         raise ValueError(f"cannot read the source of {getattr(fn, '__name__', fn)!r}: define it "
                          "with `def` in a notebook cell or a .py file") from None
-    codes, names = [fn.__code__], set()
-    while codes:
-        code = codes.pop()
-        names.update(code.co_names)
-        codes += [c for c in code.co_consts if inspect.iscode(c)]
-    found = {}
-    for name in names & set(fn.__globals__):
-        value = fn.__globals__[name]
-        if inspect.ismodule(value):
-            found[name] = ("module", value.__name__)
-        elif getattr(value, "__module__", "__main__") not in ("__main__", None) and hasattr(value, "__qualname__"):
-            found[name] = ("attr", value.__module__, value.__qualname__)
+
+
+def portable(fn) -> tuple[str, str, dict]:
+    """(source, name, {global name: ("module", m) | ("attr", m, qualname) | ("value", v) |
+    ("source", helper's source)}) of ``fn``: what a fresh process needs to rebuild it (the
+    modules, importable objects, simple constants and helper functions its code names)."""
+    source, found, todo = _source(fn), {}, [fn]
+    while todo:
+        f = todo.pop()
+        codes, names = [f.__code__], set()
+        while codes:
+            code = codes.pop()
+            names.update(code.co_names)
+            codes += [c for c in code.co_consts if inspect.iscode(c)]
+        for name in (names & set(f.__globals__)) - set(found):
+            value = f.__globals__[name]
+            if inspect.ismodule(value):
+                found[name] = ("module", value.__name__)
+            elif getattr(value, "__module__", "__main__") not in ("__main__", None) and hasattr(value, "__qualname__"):
+                found[name] = ("attr", value.__module__, value.__qualname__)
+            elif inspect.isfunction(value) and value is not fn:      # a helper of the notebook
+                found[name] = ("source", _source(value))
+                todo.append(value)
+            elif isinstance(value, (bool, int, float, str, tuple)):
+                found[name] = ("value", value)
     return source, fn.__name__, found
 
 
@@ -148,77 +173,100 @@ def rebuild(source: str, name: str, found: dict):
     import importlib
     namespace = {}
     for key, what in found.items():
-        module = importlib.import_module(what[1])
-        if what[0] == "attr":
-            for part in what[2].split("."):
-                module = getattr(module, part)
-        namespace[key] = module
+        if what[0] in ("module", "attr"):
+            obj = importlib.import_module(what[1])
+            for part in (what[2].split(".") if what[0] == "attr" else ()):
+                obj = getattr(obj, part)
+            namespace[key] = obj
+        elif what[0] == "value":
+            namespace[key] = what[1]
+    for key, what in found.items():
+        if what[0] == "source":
+            exec(compile(what[1], f"<{key}>", "exec"), namespace)
     exec(compile(source, f"<{name}>", "exec"), namespace)
     return namespace[name]
 
 
-def _evaluate(path, functions: list, meshes) -> list:
+def _evaluate(path, functions: list, meshes, data_seed: int) -> list:
     """On every rank: each function -> its per-mesh results, or the one line of its error."""
     results = []
     for fn in functions:
         try:
-            results.append(one_step_diffs(path, rebuild(*fn), meshes))
+            results.append(one_step_diffs(path, rebuild(*fn), meshes, data_seed))
         except Exception as err:   # the learner's error, one line
             results.append(f"{type(err).__name__}: {err}".splitlines()[0])
     return results
 
 
-def run_steps(functions, meshes=MESHES) -> list:
+def run_steps(functions, meshes=MESHES, data_seed: int = CHECK_SEED) -> list:
     """Every function of ``functions`` on every mesh, in ONE set of 4 processes."""
     from source_code.processes import ProcessesFailed, spawn
     sent = [portable(fn) for fn in functions]
     with tempfile.TemporaryDirectory() as tmp:
         path = seed.save_seed(os.path.join(tmp, "seed.pt"))
         try:
-            return spawn(_evaluate, WORLD, path, sent, meshes, device="cpu", collective_timeout_s=60)[0]
+            return spawn(_evaluate, WORLD, path, sent, meshes, data_seed, device="cpu", collective_timeout_s=60)[0]
         except ProcessesFailed as err:
             lines = [ln for ln in str(err).splitlines() if ln.strip()]
             return [f"the step broke a process: {lines[-1]}"] * len(functions)
 
 
 def gradient_report(train_step, dp: int = 2, cp: int = 2) -> dict | str:
-    """One ``train_step`` on a dp x cp mesh of 4 processes against one process; show_report
-    prints it. (The error's one line, if the step raised one.)"""
-    result = run_steps([train_step], ((dp, cp),))[0]
+    """One ``train_step`` on a dp x cp mesh (4 // (dp x cp) copies of it) of 4 processes, on
+    the report's samples, against one process; show_report prints it. (The error's one line,
+    if the step raised one.)"""
+    result = run_steps([train_step], ((dp, cp, WORLD // (dp * cp)),), DATA_SEED)[0]
     return result if isinstance(result, str) else result[0]
 
 
 # ------------------------------------------------------------------ the check
 def verdict(result, tol: float = TOL) -> tuple[bool, str]:
-    """(correct?, one line) from one function's per-mesh results."""
+    """(correct?, one line) from one function's per-mesh results: the meshes of every rank
+    first; once those are right, the meshes inside a larger job."""
     if isinstance(result, str):
         return False, f"train_step raised an error on a rank: {result}"
+    worst = max(max(m["diffs"].values()) for m in result)
+    own = [m for m in result if m["copies"] == 1]
+    said = _verdict_own(own, tol)
+    if said:
+        return False, said
+    inner = [m for m in result if m["copies"] > 1 and max(m["diffs"].values()) > tol]
+    if inner:
+        m = inner[0]
+        lo, hi = m["factor"]
+        return False, (f"right on every mesh of all {WORLD} ranks, wrong on a dp x cp = {m['dp']} x "
+                       f"{m['cp']} mesh inside a larger job ({m['copies']} copies of it hold the same "
+                       f"tokens): the gradients are {lo:.2g} x one process's there")
+    return True, f"correct: every gradient equals one process's on {len(result)} meshes (max |diff| {worst:.1e})"
+
+
+def _verdict_own(result, tol: float) -> str | None:
+    """The line naming what is wrong on the meshes of every rank; None where all are right."""
     wrong = {(m["dp"], m["cp"]): sorted({kind_of(n) for n, d in m["diffs"].items() if d > tol})
              for m in result}
     bad = {k: v for k, v in wrong.items() if v}
-    worst = max(max(m["diffs"].values()) for m in result)
     if not bad:
-        return True, f"correct: every gradient equals one process's on {len(result)} meshes (max |diff| {worst:.1e})"
+        return None
     kinds = sorted({k for v in bad.values() for k in v})
     right = sorted({kind_of(n) for n in result[0]["diffs"]} - set(kinds))
     named = ("the gradients of every parameter" if not right else
              f"the gradients of every parameter but {', '.join(right)}" if len(right) <= len(kinds) else
              f"the gradients of {', '.join(kinds)}")
     if len(bad) == len(result) and all(abs(a * WORLD - 1) < 1e-3 for m in result for a in m["factor"]):
-        return False, ("every gradient is one process's divided by the number of ranks: each rank's "
-                       "loss already divides by the global count, so add the ranks' parts up "
-                       "instead of averaging them")
+        return ("every gradient is one process's divided by the number of ranks: each rank's "
+                "loss already divides by the global count, so add the ranks' parts up "
+                "instead of averaging them")
     if len(bad) == len(result):
-        return False, (f"{named} differ from one process on every mesh, even where "
-                       "only one kind of split is made")
+        return (f"{named} differ from one process on every mesh, even where "
+                "only one kind of split is made")
     if all(cp > 1 for _, cp in bad):
-        return False, (f"right where the sequence is not split (cp = 1), wrong where it is: {named}; "
-                       "a context-parallel rank computed those on its own tokens alone")
+        return (f"right where the sequence is not split (cp = 1), wrong where it is: {named}; "
+                "a context-parallel rank computed those on its own tokens alone")
     if all(dp > 1 for dp, _ in bad):
-        return False, (f"right where the samples are not split (dp = 1), wrong where they are: {named}; "
-                       "a data-parallel rank computed those on its own samples alone")
+        return (f"right where the samples are not split (dp = 1), wrong where they are: {named}; "
+                "a data-parallel rank computed those on its own samples alone")
     (dp, cp), _ = next(iter(bad.items()))
-    return False, f"{named} differ from one process on the dp={dp} x cp={cp} mesh"
+    return f"{named} differ from one process on the dp={dp} x cp={cp} mesh"
 
 
 def diagnose(functions) -> list[tuple[bool, str]]:

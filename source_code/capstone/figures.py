@@ -27,7 +27,7 @@ def uneven_figure(uneven: dict, goal_fixed: float = 1e-6, goal_naive: float = 1e
     ax.barh(y - 0.2, [uneven[k]["fixed"] for k in cases], height=0.38, color="tab:green",
             label="sum / global token count")
     ax.axvline(goal_naive, color="tab:red", linestyle=":", label=f"{goal_naive:g}: visibly wrong above")
-    ax.axvline(goal_fixed, color="tab:green", linestyle=":", label=f"{goal_fixed:g}: exact below (fp32)")
+    ax.axvline(goal_fixed, color="tab:green", linestyle=":", label=f"{goal_fixed:g}: goal of the fix (fp32)")
     ax.set_xscale("log")
     ax.set_xlim(1e-10, 10)
     ax.set_yticks(y, [CASES[k] for k in cases], fontsize=8)
@@ -50,7 +50,8 @@ def matrix_figure(result: dict):
     steps = np.arange(1, len(ref["dense"]) + 1)
     for i, r in enumerate(rows):
         left.plot(steps, r["fp32"]["losses"], color="tab:blue", alpha=0.4, linewidth=1,
-                  label=f"{len(rows)} configurations" if i == 0 else None)
+                  label=(f"{sum(r['family'] != 'control' for r in rows)} configurations + "
+                         f"{sum(r['family'] == 'control' for r in rows)} controls") if i == 0 else None)
     left.plot(steps, ref["dense"], color="black", linestyle="--", marker="o", markersize=4,
               label="one process (dense)")
     left.plot(steps, ref["moe"], color="gray", linestyle=":", marker="s", markersize=4,

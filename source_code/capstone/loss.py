@@ -11,10 +11,15 @@ losses and gradients add up to the one-process ones, however uneven the pieces a
         global_token_loss(model(x), y, count).backward()
 
 ``group`` is the set of ranks that hold OTHER tokens of the step: the data-parallel group,
-times the context-parallel group when the sequence is split (tensor- and pipeline-parallel
-ranks hold the same tokens: they are not in it). The count must be known before the first
-backward, so every microbatch of the step is fetched first, as torchtitan's train_step does
-(its ``local_valid_tokens`` summed over the batch mesh before the forward-backward passes).
+times the context-parallel group when the sequence is split (a sequence of groups is reduced
+over each in turn: their product); tensor- and pipeline-parallel ranks hold the same tokens.
+Here the count is known before the first backward (every microbatch of the step is fetched
+first, as torchtitan's train_step does), so each backward already carries 1/count and the
+gradients have their normal size. That is a choice, not a requirement: Megatron-LM's
+per-token loss backpropagates each microbatch's SUMMED loss and divides the gradients by the
+all-reduced count afterwards. What must hold is that the division comes before gradient
+clipping and the optimizer step. The count is clamped to at least 1 (a step with no valid
+target gives a zero loss, not a division by zero).
 """
 from __future__ import annotations
 
@@ -32,10 +37,11 @@ def local_token_count(pieces) -> torch.Tensor:
 
 def global_token_count(pieces, group=None) -> torch.Tensor:
     """Valid targets of this step's pieces on every rank of ``group`` (a collective; None:
-    all ranks). Call it once per step, after fetching all of this rank's microbatches."""
+    all ranks; a list of groups: their product). Once per step, all microbatches fetched."""
     n = local_token_count(pieces)            # my samples, my tokens, all my microbatches
-    dist.all_reduce(n, group=group)          # + those of the ranks holding other tokens
-    return n
+    for g in group if isinstance(group, (list, tuple)) else (group,):
+        dist.all_reduce(n, group=g)          # + those of the ranks holding other tokens
+    return n.clamp(min=1)
 
 
 def global_token_loss(logits, targets, count) -> torch.Tensor:

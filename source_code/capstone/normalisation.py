@@ -8,8 +8,8 @@ the number of microbatches, torch's pipeline schedules divide the gradients by i
 (``scale_grads=True``, their default, "for loss functions which perform 'mean' loss
 reduction"), and a data x context-parallel mesh averages over its ranks. That weights every
 piece equally, so a token in a short piece counts more than a token in a long one. The fix
-(loss.py): the count of every piece of the step, summed over the ranks and microbatches
-BEFORE the first backward, and each piece's summed loss divided by it; gradients summed, not
+(loss.py): the count of every piece of the step, summed over the ranks and microbatches (here
+before the first backward), and each piece's summed loss divided by it; gradients summed, not
 averaged (or the loss multiplied by the number of ranks a wrapper averages over).
 
 ``uneven_cases`` runs on ranks 0 and 1 of a process group (the others return at once) and
@@ -19,8 +19,11 @@ batch:
     ddp              DDP on 2 ranks, 2 samples each (16 + 12 valid targets against 3 + 1)
     accumulation     one process, 2 microbatches of 2 samples
     dp_accumulation  DDP on 2 ranks x 2 microbatches of 1 sample (torchtitan's case)
-    cp               ring attention on 2 ranks; 4 EQUAL samples of 12 valid targets each, but
-                     the zigzag chunks give rank 0 4 of them per sample and rank 1 8
+    cp               ring attention on 2 ranks; 4 EQUAL samples of 12 valid targets each: the
+                     sort task predicts positions 16-31, of which each sample keeps 16-27 (a
+                     padded tail, 28-31, masked); the zigzag chunks give rank 0 4 of them per
+                     sample (24-27) and rank 1 8 (16-23). Without the padded tail both would
+                     hold 8: the prompt mask alone falls evenly on the zigzag chunks.
     torch_pipeline   torch's ScheduleGPipe, 2 stages x 2 microbatches (scale_grads on / off)
 """
 from __future__ import annotations
@@ -33,14 +36,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from source_code import torch_versions, workload
 from source_code.capstone import seed
-from source_code.capstone.cp_model import cp_logits, my_tokens
+from source_code.capstone.cp_model import LAYOUT, cp_logits, my_tokens
 from source_code.capstone.loss import (global_token_count, global_token_loss, local_token_count,
                                        mean_loss)
+from source_code.context_parallel import layout
 from source_code.context_parallel.comm import Ring
 from source_code.pipeline.stages import TransformerStage
 
 COUNTS = (16, 12, 3, 1)       # valid targets of the 4 samples: rank 0 holds 28, rank 1 holds 4
 EQUAL = (12, 12, 12, 12)      # the context-parallel case: equal samples, unequal chunks
+FULL = (16, 16, 16, 16)       # every predicted position kept: the prompt mask alone
 MICRO = 2
 
 
@@ -53,6 +58,11 @@ def uneven_batch(counts=COUNTS):
         valid = (row != -100).nonzero().flatten()
         row[valid[keep:]] = -100
     return x, y
+
+
+def zigzag_counts(y, cp: int = 2) -> list[int]:
+    """Valid targets of the batch ``y`` on each of ``cp`` context-parallel ranks (zigzag chunks)."""
+    return [int((layout.shard(y, r, cp, LAYOUT, dim=1) != -100).sum()) for r in range(cp)]
 
 
 def grads(named) -> dict:

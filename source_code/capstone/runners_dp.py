@@ -38,8 +38,7 @@ MICRO = 2                 # microbatches per rank of "DDP + accumulation"
 
 class ZeroSGD(ZeroAdamW):
     """ZeRO-1/2 by hand (sharding/zero.py) whose sharded optimizer is SGD with momentum, the
-    optimizer of every configuration here (Adam's division by sqrt(v) would blow float
-    rounding up to the size of a step)."""
+    optimizer of every configuration here (the one-process reference of mesh/reference.py)."""
 
     def __init__(self, model, stage: int, lr: float):
         super().__init__(model, stage=stage, lr=lr)

@@ -13,14 +13,15 @@ from source_code.context_parallel.comm import Ring
 
 
 def train_step(model, x, y, mesh):
-    """The handed step with every gradient summed over dp AND cp: each layer of a
-    context-parallel rank (embeddings, norms, MLPs, head, not only attention) computed on its
-    tokens alone, so every gradient holds only its tokens' part."""
+    """The handed step with the count and every gradient summed over dp AND cp only (the ranks
+    holding other tokens; not the whole world, where other ranks may hold the same tokens):
+    each layer of a context-parallel rank (embeddings, norms, MLPs, head, not only attention)
+    computed on its tokens alone, so every gradient holds only its tokens' part."""
     dp_group, cp_group = mesh["dp"].get_group(), mesh["cp"].get_group()
     ring = Ring(cp_group)
     xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
     ys = my_tokens(ys, ring)
-    loss = global_token_loss(cp_logits(model, xs, ring), ys, global_token_count([ys]))
+    loss = global_token_loss(cp_logits(model, xs, ring), ys, global_token_count([ys], [dp_group, cp_group]))
     loss.backward()
     for p in model.parameters():
         dist.all_reduce(p.grad, group=dp_group)      # the other samples' part
