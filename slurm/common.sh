@@ -95,8 +95,13 @@ if [ "${LAUNCHER:-torchrun}" = torchrun ] && [ ${#IN_CONTAINER[@]} -eq 0 ] && ! 
     exit 2
 fi
 
-# srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05): without this, every task of
-# a step would get one core
+# Cores of a step's tasks. Slurm 22.05 to 23.02: srun reads SRUN_CPUS_PER_TASK, not sbatch's
+# --cpus-per-task (without it every task of a step gets one core); 23.11 reads
+# SLURM_CPUS_PER_TASK again, which sbatch sets. Both set here: a task per GPU (SRUN_PER_GPU)
+# gets the job's cores per task. The one task per node that runs torchrun (SRUN_PER_NODE) gets
+# the node's whole allocation instead (srun --cpus-per-task=$SLURM_CPUS_ON_NODE, launch.sh): on a
+# node given by the site step, the job scripts' #SBATCH --cpus-per-task=2 is not what the
+# node's GPUs need, and the CPU masks of bind_local_rank.sh name cores across the whole node.
 [ -n "${SLURM_CPUS_PER_TASK:-}" ] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 srun_commands
 
@@ -114,6 +119,18 @@ if (( ALLOC_GPUS > 0 && procs > ALLOC_GPUS )) && [ "${WORKSHOP_DEVICE:-auto}" !=
     echo "error: $procs process(es) per node but job $SLURM_JOB_ID has $ALLOC_GPUS GPU(s) per node: one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for more GPUs" >&2
     exit 2
 fi
+# fewer processes than GPUs: the others idle (a first day's mistake), said once
+if (( ALLOC_GPUS > 0 && procs < ALLOC_GPUS )); then
+    echo "note: $procs process(es) per node for $ALLOC_GPUS GPU(s) per node: $(( ALLOC_GPUS - procs )) GPU(s) idle; one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for fewer GPUs"
+fi
+# fewer cores per GPU than the profile's share: sbatch has no input variable for cores in Slurm
+# 22.05 (newer sbatch reads SBATCH_TRES_PER_TASK=cpu=N), so the site step cannot set them
+share=$(( SITE_GPUS_PER_NODE > 0 ? SITE_CPUS_PER_NODE / SITE_GPUS_PER_NODE : 0 ))
+(( share > ${SITE_MAX_CPUS_PER_GPU:-$share} )) && share=$SITE_MAX_CPUS_PER_GPU
+if (( ALLOC_GPUS > 0 && share > 0 )) && [ -n "${SLURM_CPUS_ON_NODE:-}" ] \
+        && (( SLURM_CPUS_ON_NODE / ALLOC_GPUS < share )); then
+    echo "note: job ${SLURM_JOB_ID:-} has $SLURM_CPUS_ON_NODE CPU core(s) for $ALLOC_GPUS GPU(s) on this node, $WORKSHOP_SITE's share is $share per GPU: sbatch --cpus-per-task=$(( share * ALLOC_GPUS / ${SLURM_NTASKS_PER_NODE:-1} )) ... (or the options of: python -m source_code.launch.site_profiles --site $WORKSHOP_SITE --format args)"
+fi
 if [ "${WORKSHOP_DEVICE:-auto}" = cpu ] && [ -n "$SITE_GPU_REQUEST" ]; then
     echo "note: WORKSHOP_DEVICE=cpu: the processes run on the CPU on purpose ($ALLOC_GPUS GPU(s) per node allocated)"
 elif [ "${SITE_GPUS_COUNTED_ONLY:-}" = yes ]; then   # the test cluster's GPUs: a count, no device
@@ -121,7 +138,10 @@ elif [ "${SITE_GPUS_COUNTED_ONLY:-}" = yes ]; then   # the test cluster's GPUs: 
     echo "note: $SITE_NAME: Slurm gave $ALLOC_GPUS GPU(s) per node and no GPU device exists, so the processes run on the CPU with gloo"
 fi
 # the CPU cores of a task are shared by its processes: no oversubscription by OpenMP threads
-export OMP_NUM_THREADS=$(( ${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE} / NPROC_PER_NODE > 0 ? ${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE} / NPROC_PER_NODE : 1 ))
+# (one task per node: the node's whole allocation, as SRUN_PER_NODE gives it)
+task_cpus=${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE}
+[ "${SLURM_NTASKS_PER_NODE:-1}" = 1 ] && task_cpus=${SLURM_CPUS_ON_NODE:-$task_cpus}
+export OMP_NUM_THREADS=$(( task_cpus / NPROC_PER_NODE > 0 ? task_cpus / NPROC_PER_NODE : 1 ))
 
 # rendezvous: the first host of the job (under its fast-network name where the profile has a
 # SITE_MASTER_SUFFIX), a port derived from the job id so that two jobs sharing a node do not

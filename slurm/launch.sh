@@ -6,7 +6,7 @@
 #                  WORKSHOP_CONTAINER_EXEC="apptainer_wrapper exec" (a site's wrapper command),
 #                  or WORKSHOP_CONTAINER=/path/image.sif: $CONTAINER_RUNTIME exec --bind ROOT IMAGE
 #                  (CONTAINER_RUNTIME default: the profile's apptainer or singularity)
-#   SRUN_PER_NODE  srun starting one task per node, through slurm/per_node.sh
+#   SRUN_PER_NODE  srun starting one task per node (all the node's allocated cores), through slurm/per_node.sh
 #   SRUN_PER_GPU   srun starting the job's tasks (one per GPU), through slurm/per_node.sh
 #   torchrun_command NNODES [OPTION...]   sets TORCHRUN_CMD: the launcher, its options, the module
 
@@ -35,7 +35,9 @@ srun_commands() {
     local srun=(srun --kill-on-bad-exit=1)
     local site_args=()
     read -r -a site_args <<< "${SITE_SRUN_ARGS:-}"
-    SRUN_PER_NODE=("${srun[@]}" --ntasks-per-node=1 "${site_args[@]}" bash "$ROOT/slurm/per_node.sh")
+    # the one task of a node (torchrun) gets the node's whole allocation (common.sh says why)
+    SRUN_PER_NODE=("${srun[@]}" --ntasks-per-node=1 ${SLURM_CPUS_ON_NODE:+--cpus-per-task=$SLURM_CPUS_ON_NODE}
+                   "${site_args[@]}" bash "$ROOT/slurm/per_node.sh")
     SRUN_PER_GPU=("${srun[@]}")
     # CPU-to-GPU binding for one task per GPU: only where the node runs one task per mask
     local masks=()

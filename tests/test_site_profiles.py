@@ -426,3 +426,38 @@ def site_env_with(site, **env):
     res = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**{k: v for k, v in os.environ.items() if "SOCKET_IFNAME" not in k}, **env})
     return dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)
+
+
+def test_fewer_processes_or_cores_than_the_gpus_need_are_one_note_each():
+    res = job_script_env(WORKSHOP_SITE="local-gpu", SLURM_GPUS_ON_NODE="2", NPROC_PER_NODE="1", SLURM_CPUS_ON_NODE="2")
+    assert res.returncode == 0 and "note: 1 process(es) per node for 2 GPU(s) per node: 1 GPU(s) idle" in res.stdout
+    assert "CPU core(s) for" not in res.stdout, res.stdout
+    res = job_script_env(WORKSHOP_SITE="local-gpu", SLURM_GPUS_ON_NODE="2", SLURM_CPUS_ON_NODE="1")
+    notes = [ln for ln in res.stdout.splitlines() if "CPU core(s) for" in ln]
+    assert res.returncode == 0 and len(notes) == 1 and "idle" not in res.stdout, res.stdout
+    assert "has 1 CPU core(s) for 2 GPU(s) on this node, local-gpu's share is 1 per GPU: " \
+           "sbatch --cpus-per-task=2 " in notes[0] and "--format args" in notes[0]
+
+
+def test_the_torchrun_task_of_a_node_gets_the_nodes_whole_allocation():
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "WORKSHOP_"))}
+    full.update(PYTHON=sys.executable, SLURM_JOB_ID="42", SLURM_JOB_NODELIST="n1", WORKSHOP_SITE="local-gpu",
+                SLURM_GPUS_ON_NODE="2", SLURM_CPUS_PER_TASK="2", SLURM_CPUS_ON_NODE="14")
+    res = subprocess.run(["bash", "-c", f'ROOT={ROOT}; source $ROOT/slurm/common.sh >/dev/null; '
+                          'print_command "${SRUN_PER_NODE[@]}"; echo "SRUN_CPUS_PER_TASK=$SRUN_CPUS_PER_TASK"'],
+                         cwd="/", env=full, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "--ntasks-per-node=1 --cpus-per-task=14 " in res.stdout, res.stdout
+    assert "SRUN_CPUS_PER_TASK=2" in res.stdout      # a task per GPU: the job's cores per task
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--site", "lumi", "--partition", "small-g"], "small-g takes at most 7 GPUs per node; this asks for 8"),
+    (["--site", "lumi", "--partition", "standard-g", "--gpus-per-node", "4"], "standard-g takes whole nodes of 8"),
+    (["--site", "mahti", "--partition", "gpusmall"], "gpusmall takes at most 2 GPUs per node"),
+])
+def test_a_partition_given_or_reserved_must_take_the_gpus_asked_for(argv, message):
+    res, got = step(*argv)
+    assert not got and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+    _, fits = step("--site", "lumi", "--partition", "small-g", "--gpus-per-node", "7")
+    assert fits["SBATCH_PARTITION"] == "small-g"

@@ -39,8 +39,10 @@ class Job:
 
 
 def cluster_ready() -> bool:
-    """True when sinfo answers and reports at least one node up (idle, mixed or allocated)."""
-    if not shutil.which("sinfo"):
+    """True when the workshop's own test cluster (local_test_cluster) runs here: sinfo answers
+    and reports at least one node up (idle, mixed or allocated). A site's Slurm is never ready
+    in this sense: the notebooks' demonstration jobs are not for a site's queue."""
+    if not shutil.which("sinfo") or not local_test_cluster():
         return False
     res = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=20)
     return res.returncode == 0 and any(s in ("idle", "mix", "alloc") for s in res.stdout.split())
@@ -94,6 +96,13 @@ def local_test_cluster() -> bool:
         return conf.read_text().startswith(LOCAL_CLUSTER_MARK)
     except OSError:
         return False
+
+
+def submit_shell(**extra) -> dict:
+    """The environment of a shell that submits from here, before any site step: no SBATCH_* or
+    WORKSHOP_SITE variables, this Python's folder first on PATH, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "WORKSHOP_SITE"))}
+    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", **extra}
 
 
 def sbatch(script, *args, sbatch_args=(), env=None, cwd=None) -> str:

@@ -33,6 +33,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 from source_code.launch.site_profiles import ProfileError, Site, check_limits, load, minutes
 
@@ -75,6 +76,20 @@ def choose_partition(site: Site, per_node: int, test: bool) -> str:
     return site.partition_full_nodes
 
 
+def check_partition_gpus(site: Site, part: str, per_node: int) -> None:
+    """A partition named by --partition or by a reservation must take the GPUs asked for too."""
+    if part == site.partition_test and per_node > site.test_max_gpus:
+        choose_partition(site, per_node, test=True)                  # its one-line refusal
+    elif part == site.partition_full_nodes != site.partition and per_node != site.gpus_per_node:
+        raise ProfileError(f"error: {site.name}'s {part} takes whole nodes of {site.gpus_per_node} GPUs; "
+                           f"this asks for {per_node} per node: --gpus-per-node {site.gpus_per_node}, "
+                           "or a reservation or partition for partial nodes")
+    elif part == site.partition != site.partition_full_nodes and per_node > site.partition_max_gpus:
+        raise ProfileError(f"error: {site.name}'s {part} takes at most {site.partition_max_gpus} GPUs "
+                           f"per node; this asks for {per_node}: --gpus-per-node {site.partition_max_gpus}, "
+                           f"or a reservation or partition of whole nodes ({site.partition_full_nodes})")
+
+
 def exports(key: str, account: str | None = None, gpus_per_node: int | None = None,
             time: str | None = None, reservation: str | None = None, partition: str | None = None,
             test: bool = False) -> list[tuple[str, str]]:
@@ -86,6 +101,7 @@ def exports(key: str, account: str | None = None, gpus_per_node: int | None = No
                            f"{site.gpus_per_node} GPUs")
     part = partition or (reservation and reservation_partition(reservation)) \
         or choose_partition(site, per, test)
+    check_partition_gpus(site, part, per)
     if time is not None:
         minutes(time)
         check_limits(site, part, 1, time)
@@ -123,3 +139,13 @@ def summary(pairs: list[tuple[str, str]]) -> str:
     hint = "" if "SBATCH_ACCOUNT" in d or d["WORKSHOP_SITE"].startswith("local") else \
         "; no --account given: sbatch will need one (SBATCH_ACCOUNT)"
     return f"site {d['WORKSHOP_SITE']} set up for sbatch in this shell: {what}{hint}"
+
+
+def after_step(options: str, env: dict, cwd=None) -> tuple[dict, str]:
+    """Run the site step, eval "$(python -m source_code.launch.site_profiles OPTIONS --format
+    exports)", in a bash with ``env``: what it leaves set there (SBATCH_*, WORKSHOP_SITE, unset
+    ones gone) and the line it says. A refused step leaves the shell as it was: ({}, its error)."""
+    step = f'eval "$({shlex.quote(sys.executable)} -m source_code.launch.site_profiles {options} --format exports)"'
+    done = subprocess.run(["bash", "-c", f"{step} && env -0"], capture_output=True, text=True, cwd=cwd, env=env)
+    left = dict(kv.split("=", 1) for kv in done.stdout.split("\0") if kv.startswith(("SBATCH_", "WORKSHOP_SITE=")))
+    return (left if done.returncode == 0 else {}), done.stderr.strip()
