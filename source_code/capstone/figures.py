@@ -17,10 +17,15 @@ CASES = {"ddp": "DDP, 2 ranks", "accumulation": "accumulation, 2 microbatches",
 GOALS = {"fp32": 1e-5, "fp64": 1e-12}
 
 
-def uneven_figure(uneven: dict, goal_fixed: float = 1e-6, goal_naive: float = 1e-3):
-    """Max |gradient - one process| per case: mean of piece means vs the global-count fix."""
+def uneven_figure(uneven: dict, curves: dict | None = None, goal_fixed: float = 1e-6,
+                  goal_naive: float = 1e-3):
+    """Max |gradient - one process| per case: mean of piece means vs the global-count fix; with
+    ``curves`` (matrix.run's "curves"), beside it |loss - one process| per step of DDP training."""
     cases = [k for k in CASES if k in uneven]
-    fig, ax = plt.subplots(figsize=(8.5, 3.6))
+    if curves:
+        fig, (ax, over) = plt.subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(8.5, 3.6))
     y = np.arange(len(cases))
     ax.barh(y + 0.2, [uneven[k]["naive"] for k in cases], height=0.38, color="tab:red",
             label="mean of per-piece means")
@@ -36,6 +41,20 @@ def uneven_figure(uneven: dict, goal_fixed: float = 1e-6, goal_naive: float = 1e
     ax.set_title(f"uneven tokens: samples with {', '.join(map(str, uneven['counts']))} valid targets "
                  f"(CP: {', '.join(map(str, uneven['equal']))})", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if curves:
+        ref = np.array(curves["one process"])
+        steps = np.arange(1, len(ref) + 1)
+        floor = 1e-18                   # an equal loss (the first step's is forward-only): the bottom
+        for key, colour in (("naive", "tab:red"), ("fixed", "tab:green")):
+            over.plot(steps, np.maximum(np.abs(np.array(curves[key]) - ref), floor), color=colour,
+                      marker="o", markersize=3, label=f"DDP, {'mean of means' if key == 'naive' else 'sum / global count'}")
+        over.set_yscale("log")
+        over.set_ylim(floor, 1)
+        over.set_xticks(steps)
+        over.set_xlabel("step (fp64, DDP on 2 ranks)")
+        over.set_ylabel("|loss - one process| (0: bottom)")
+        over.legend(fontsize=7, loc="center right")
+        over.set_title("over training, on the matrix's batches", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -51,6 +51,15 @@ def global_token_loss(logits, targets, count) -> torch.Tensor:
     return loss_sum / count
 
 
+class StepLoss:
+    """A loss function fixed when a schedule is built (torch's pipeline schedules take one),
+    dividing by the count of the step it runs: set ``count`` before each step."""
+    count = None
+
+    def __call__(self, logits, targets) -> torch.Tensor:
+        return global_token_loss(logits, targets, self.count)
+
+
 def mean_loss(logits, targets) -> torch.Tensor:
     """The per-piece mean (cross_entropy's default): what the naive code computes."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)

@@ -136,6 +136,10 @@ def run_world(path, names, steps, batch_size, lr, uneven=False, with_bug=False, 
 
     def extra(path, data, refs):
         out = {}
+        if uneven:      # the uneven tokens over training: DDP on the fp64 batches, naive and fixed
+            ref = refs["fp64"]["dense"][0]
+            out["curves"] = {"one process": ref, **{key: normalisation.ddp_curve(
+                path, data["fp64"], lr, DTYPES["fp64"], key == "fixed") for key in ("naive", "fixed")}}
         if with_bug:
             from source_code.capstone import exercises
             bug = compare.measure(exercises.step_runner(Spec(path, lr), exercises.handed_step),

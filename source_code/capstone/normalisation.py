@@ -41,6 +41,7 @@ from source_code.capstone.loss import (global_token_count, global_token_loss, lo
                                        mean_loss)
 from source_code.context_parallel import layout
 from source_code.context_parallel.comm import Ring
+from source_code.mesh.reference import make_optimizer
 from source_code.pipeline.stages import TransformerStage
 
 COUNTS = (16, 12, 3, 1)       # valid targets of the 4 samples: rank 0 holds 28, rank 1 holds 4
@@ -144,6 +145,27 @@ def torch_pipeline_case(path, x, y, fixed: bool, group, micro: int = MICRO) -> d
         schedule = ScheduleGPipe(stage, micro, loss_fn=mean_loss)    # scale_grads=True: / micro
     schedule.step(x) if s == 0 else schedule.step(target=y, losses=[])
     return {n: q.grad.clone() for n, q in zip(module.source_names, module.parameters())}
+
+
+def ddp_curve(path, data, lr: float, dtype, fixed: bool) -> list[float]:
+    """DDP on every rank of the world, trained on ``data`` (SGD with momentum): per step, the
+    per-token loss of the whole global batch before the step. Naive: each rank's mean loss,
+    DDP's average of the gradients; fixed: the global-count loss, x world."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = DDP(seed.load_seed(path, dtype=dtype))
+    opt = make_optimizer(model.parameters(), lr)
+    curve = []
+    for x, y in data:
+        xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+        logits = model(xs)
+        share = global_token_loss(logits, ys, global_token_count([ys]))   # my part of the loss
+        (share * world if fixed else mean_loss(logits, ys)).backward()
+        opt.step()
+        opt.zero_grad()
+        total = share.detach().clone()
+        dist.all_reduce(total)                                             # the ranks' parts
+        curve.append(total.item())
+    return curve
 
 
 def cases() -> tuple:

@@ -19,7 +19,7 @@ import torch
 
 from source_code.capstone import seed
 from source_code.capstone.cp_model import cp_logits, my_tokens
-from source_code.capstone.loss import global_token_count, global_token_loss
+from source_code.capstone.loss import StepLoss, global_token_count, global_token_loss
 from source_code.capstone.runner import (Runner, Spec, flat_group, full_weights, mesh, piece,
                                          report, sum_gradients)
 from source_code.context_parallel.comm import Ring
@@ -41,14 +41,13 @@ def pp_dp_tp(spec: Spec, pp: int = 2, dp: int = 2, tp: int = 2,
     if tp > 1:
         apply_tp(module, grid["tp"])
     stage = PipelineStage(module, s, pp, torch.device("cpu"), group=grid["pp"].get_group())
-    box = {}                                          # this step's count, for the loss function
-    schedule = pipeline3d.make_schedule(stage, microbatches,
-                                        lambda out, tgt: global_token_loss(out, tgt, box["count"]))
+    loss_fn = StepLoss()                              # divides by this step's count
+    schedule = pipeline3d.make_schedule(stage, microbatches, loss_fn)
     opt = make_optimizer(module.parameters(), spec.lr)
 
     def step(x, y):
         xs, ys = piece((x, y), me, dp)                                 # this pipeline's samples
-        box["count"] = global_token_count(ys.chunk(microbatches), dp_group)   # before any backward
+        loss_fn.count = global_token_count(ys.chunk(microbatches), dp_group)  # before any backward
         parts: list = []
         args = (xs,) if first else ()
         schedule.step(*args, **({"target": ys, "losses": parts} if last else {}))

@@ -66,25 +66,37 @@ def one_process_pieces(spec: Spec, pieces: int = 4) -> Runner:
 
 
 def data_parallel(spec: Spec, wrap: str) -> Runner:
-    """torch's DDP ("ddp"), the hand-written one ("naive") or rank-ordered sums ("ordered")."""
+    """torch's DDP ("ddp") or the hand-written one ("naive")."""
     world, rank = dist.get_world_size(), dist.get_rank()
     plain = seed.load_seed(spec.path, dtype=spec.dtype)
-    model = {"ddp": DDP, "naive": NaiveDDP}.get(wrap, lambda m: m)(plain)
+    model = {"ddp": DDP, "naive": NaiveDDP}[wrap](plain)
     opt = make_optimizer(plain.parameters(), spec.lr)
 
     def step(x, y):
         xs, ys = piece((x, y), rank, world)
         loss = global_token_loss(model(xs), ys, global_token_count([ys]))
-        if wrap == "ordered":
-            loss.backward()
-            value = ordered_sum(plain, loss)
-        else:
-            (loss * world).backward()        # the wrapper's average over ranks, undone
-            value = report(loss)
+        (loss * world).backward()            # the wrapper's average over ranks, undone
         opt.step()
         opt.zero_grad()
-        return value
+        return report(loss)
     return Runner(step, lambda: full_weights(plain))
+
+
+def rank_ordered(spec: Spec) -> Runner:
+    """Control: no wrapper; each gradient all-gathered and added in rank order (ordered_sum)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = seed.load_seed(spec.path, dtype=spec.dtype)
+    opt = make_optimizer(model.parameters(), spec.lr)
+
+    def step(x, y):
+        xs, ys = piece((x, y), rank, world)
+        loss = global_token_loss(model(xs), ys, global_token_count([ys]))
+        loss.backward()
+        total = ordered_sum(model, loss)
+        opt.step()
+        opt.zero_grad()
+        return total
+    return Runner(step, lambda: full_weights(model))
 
 
 def ddp_accumulation(spec: Spec, micro: int = MICRO) -> Runner:
@@ -161,7 +173,7 @@ def fsdp(spec: Spec) -> Runner:
 ROWS = {"one process, 4 pieces": one_process_pieces,
         "DDP": lambda s: data_parallel(s, "ddp"),
         "DDP by hand": lambda s: data_parallel(s, "naive"),
-        "DDP, sum in rank order": lambda s: data_parallel(s, "ordered"),
+        "DDP, sum in rank order": rank_ordered,
         "DDP + accumulation": ddp_accumulation,
         "ZeRO-1": lambda s: zero(s, 1),
         "ZeRO-2": lambda s: zero(s, 2),

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from source_code.capstone import seed
-from source_code.capstone.loss import global_token_count, global_token_loss, local_token_count
+from source_code.capstone.loss import StepLoss, global_token_count, global_token_loss, local_token_count
 from source_code.capstone.runner import Runner, Spec, piece, report, sum_gradients
 from source_code.distributed import context
 from source_code.mesh.reference import make_optimizer
@@ -72,13 +72,13 @@ def torch_schedule(spec: Spec, name: str) -> Runner:
     """torch's schedule ``name`` (library.LIBRARY) over all ranks, one stage each."""
     rank, p = dist.get_rank(), dist.get_world_size()
     stage = TransformerStage(seed.load_seed(spec.path, dtype=spec.dtype), rank, p)
-    box = {}                                          # this step's count, for the loss function
+    loss_fn = StepLoss()                              # divides by this step's count
     schedule = library.build(name, {rank: stage}, rank, p, MICROBATCHES, context().device,
-                             loss_fn=lambda out, tgt: global_token_loss(out, tgt, box["count"]))
+                             loss_fn=loss_fn)
     opt = make_optimizer(stage.parameters(), spec.lr)
 
     def step(x, y):
-        box["count"] = local_token_count(y.chunk(MICROBATCHES))       # before the schedule runs
+        loss_fn.count = local_token_count(y.chunk(MICROBATCHES))      # before the schedule runs
         loss = library.step(schedule, name, rank, p, x, y)           # it cuts the microbatches
         opt.step()
         opt.zero_grad()
