@@ -14,7 +14,8 @@ process on the whole batch in the same dtype. In fp32 the arithmetic of a split 
 the unsplit one by a few units in the last place (~1e-7 of a loss of 3.5); in fp64 by ~1e-16,
 so a bug that moves a loss by one fp32 unit per step stands out by 8 orders of magnitude.
 The two controls (one process on 4 pieces, DDP with rank-ordered sums) run in fp32 only.
-The uneven-token cases of normalisation.py run first. Rank 0 prints a line per configuration;
+The uneven-token cases of normalisation.py run first, with DDP trained naive and fixed on the
+fp64 batches (result["curves"]). Rank 0 prints a line per configuration;
 the last line:
 
     summary: parallel_configs=P controls=C three_d_configs=T max_loss_diff=D max_param_diff=W
