@@ -101,20 +101,68 @@ def regathers_at_once(unit, out):                # whole from forward to backwar
     return out
 
 
+def remembers_every_unit(unit):
+    globals().setdefault("every_unit", {})[unit.name] = unit   # (the check runs the source in a namespace)
+    gather(unit)
+
+
+def regathers_everything(unit, out):             # the whole model again at the first backward hook
+    free_storage(unit.full)
+
+    def everything(grad):
+        for other in globals()["every_unit"].values():
+            gather(other)
+    out.register_hook(everything)
+    return out
+
+
+# right answers written another way: gather again when the backward unpacks what autograd saved
+# (embeddings, whose backward reads no weight, are then never gathered again), or in a pre-hook
+# of the autograd node that made the unit's output
+def unshard_with_saved_hooks(unit):
+    gather(unit)
+
+    def unpack(t):
+        if unit.full.untyped_storage().nbytes() == 0:
+            gather(unit)
+        return t
+    unit.saving = torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack)
+    unit.saving.__enter__()
+
+
+def frees_leaving_unpack_to_gather(unit, out):
+    unit.saving.__exit__(None, None, None)
+    free_storage(unit.full)
+    return out
+
+
+def regathers_before_the_output_node(unit, out):  # a pre-hook on the node that made the output
+    free_storage(unit.full)
+    out.grad_fn.register_prehook(lambda grad_outputs: gather(unit))
+    return out
+
+
+RIGHT_CORE = [(unshard_with_saved_hooks, frees_leaving_unpack_to_gather),
+              (unshard, regathers_before_the_output_node)]
+
 WRONG_CORE = [((frees_before_computing, after_forward), "freed it before the unit used it"),
               ((gathers_nothing, after_forward), "with nothing gathered"),
               ((unshard, keeps_them), "still holds its full parameters after its forward"),
               ((unshard, never_regathers), "nothing gathered them again"),
               ((unshard, regathers_with_the_gradient), "only after its backward had read"),
               ((unshard, regathers_after_the_module), "only after its backward had read"),
-              ((unshard, regathers_at_once), "still holds its full parameters after its forward")]
+              ((unshard, regathers_at_once), "still holds its full parameters after its forward"),
+              ((remembers_every_unit, regathers_everything), "more than 2 units held their full")]
 
 
 def test_references_and_wrong_answers_in_one_group():
     got_reduce, got_core = all_verdicts([reduce_grad] + [fn for fn, _ in WRONG_REDUCE],
-                                        [(unshard, after_forward)] + [pair for pair, _ in WRONG_CORE],
-                                        world_size=3)
+                                        [(unshard, after_forward)] + RIGHT_CORE
+                                        + [pair for pair, _ in WRONG_CORE], world_size=3)
     assert got_reduce[0] is None and got_core[0] is None, (got_reduce[0], got_core[0])
+    right = got_core[1:1 + len(RIGHT_CORE)]
+    assert right == [None] * len(RIGHT_CORE), right     # correct answers written another way
+    got_core = got_core[len(RIGHT_CORE):]
     for (fn, says), verdict in zip(WRONG_REDUCE, got_reduce[1:]):
         assert verdict and says in verdict and "\n" not in verdict, (fn.__name__, verdict)
     for ((a, b), says), verdict in zip(WRONG_CORE, got_core[1:]):

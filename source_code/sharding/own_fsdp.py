@@ -135,9 +135,12 @@ class Unit:
     def unshard(self) -> None:
         """Forward pre-hook: gather, then each parameter becomes a view of the full buffer."""
         self.gather()
-        for owner, attr, _, shape, offset in self.slots:
-            n = shape.numel()
-            setattr(owner, attr, self.full[offset:offset + n].view(shape))  # tracked by autograd
+        sizes = [shape.numel() for *_, shape, _ in self.slots]
+        # one split (as FSDP1's FlatParameter): its backward concatenates the views' gradients
+        # into one (N * c,) tensor; a slice per view would build a zero-filled (N * c,) each
+        pieces = torch.split(self.full, sizes + [self.full.numel() - self.numel])  # last: padding
+        for (owner, attr, _, shape, _), piece in zip(self.slots, pieces):
+            setattr(owner, attr, piece.view(shape))                # tracked by autograd
 
     def after_forward(self, out):
         """Forward post-hook: free the full parameters; gather them again in backward."""

@@ -15,9 +15,12 @@ and the check watches each unit's full buffer from outside: whether it holds mem
 unit's forward starts computing, once its forward is over, and when the unit's backward reads
 what autograd saved from it (a saved-tensors hook). Where it is empty the check gathers it
 itself, so the run goes on (reading a freed storage can crash the process) and every mistake
-is seen; then the weights are compared with one process. One line says what is wrong, from
+is seen; it also counts, in forward and when the backward reads a unit's parameters, how many
+units hold memory at once; then the weights are compared with one process. One line says what is wrong, from
 the first of: freed before computing, never freed, never gathered again, gathered again too
-late, wrong weights. Sources are sent as text, as in own_fsdp_exercise.py.
+late, too many units full at once (more than a unit and one gathered ahead of it), wrong
+weights. The check's saved-tensors hooks wrap any the learner's hooks open (a learner may
+gather again when the backward unpacks what was saved). Sources are sent as text, as in own_fsdp_exercise.py.
 """
 from __future__ import annotations
 
@@ -70,24 +73,51 @@ class LearnerUnit(Unit):
         return out if got is None else got
 
 
+UNITS: list = []           # the run's units, to count how many are full at once
+CROWD = 2                  # a unit and one gathered ahead of it (prefetching) may be full together
+
+
+def others_full(unit: Unit) -> list[str]:
+    return [u.name for u in UNITS if u is not unit and not empty(u)]
+
+
+def top_saved_hooks():
+    """The saved-tensors hooks active now (the learner's, if any), or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(True) if top is not None else None
+
+
 def watch(unit: Unit) -> None:
-    """The check's own hooks around ``unit``: they run after the learner's forward hooks."""
+    """The check's own hooks around ``unit``: they run after the learner's forward hooks. Its
+    saved-tensors hooks wrap any the learner opened, so a learner's own unpack runs first."""
     saved = {}
 
-    def pack(t):
-        return t, (unit if t._base is unit.full else None)
-
-    def unpack(packed):
-        t, owner = packed
-        if owner is not None and empty(owner):      # backward reads a freed buffer: refill it
-            LOG.append(("empty_at_backward", owner.name, PHASE["now"]))
-            Unit.gather(owner)
-        return t
+    def crowded(phase_unit: Unit) -> None:
+        if len(others_full(phase_unit)) + 1 > CROWD:
+            LOG.append(("crowded", phase_unit.name, PHASE["now"]))
 
     def before(module, args):
         if empty(unit):
             LOG.append(("empty_at_forward", unit.name, PHASE["now"]))
             Unit.unshard(unit)
+        crowded(unit)
+        outer = top_saved_hooks()
+        outer_pack, outer_unpack = outer if outer is not None else (None, None)
+
+        def pack(t):
+            owner = unit if t._base is unit.full else None
+            return (outer_pack(t) if outer_pack else t), owner
+
+        def unpack(packed):
+            inner, owner = packed
+            t = outer_unpack(inner) if outer_unpack else inner   # the learner's unpack, if any
+            if owner is not None:
+                if empty(owner):                    # backward reads a freed buffer: refill it
+                    LOG.append(("empty_at_backward", owner.name, PHASE["now"]))
+                    Unit.gather(owner)
+                crowded(owner)
+            return t
+
         saved["ctx"] = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         saved["ctx"].__enter__()
 
@@ -130,6 +160,10 @@ def diagnose(log: list, diff: float) -> str | None:
                         "its parameters: gather when the backward reaches the unit, before it computes")
             return (f"unit {name}'s backward read its parameters from the freed buffer and nothing "
                     "gathered them again: what autograd saved points at that storage")
+    for what, name, phase in log:
+        if what == "crowded":
+            return (f"while unit {name}'s {phase} computed, more than {CROWD} units held their full "
+                    f"parameters: gather a unit when the {phase} reaches it, not all of them at once")
     if diff > 1e-10:
         return f"the buffer's life is right but the weights differ from one process by {diff:.3g}"
     return None
@@ -149,6 +183,7 @@ def run_one(pair, dataset, ref: dict) -> str | None:
     model = workload.build_model(CFG, 0).double()
     LearnerUnit.hooks_of_learner = fns
     units = shard_by_hand(model, unit_class=LearnerUnit)
+    UNITS[:] = units
     for u in units:
         u.view = UnitView(u)
         watch(u)

@@ -8,7 +8,8 @@ Counted with measure.tensor_bytes (distinct storages; a freed full buffer counts
   FSDP's full buffers included (0 bytes then): what stays between units;
 * gathered: full parameters that exist on top while block 0 computes its forward (counted
   inside its forward); forward peak = resident + gathered;
-* backward peak: the largest count over one backward of the parameters (shards, replicated,
+* backward peak: the training state sampled, not every byte at every moment: the largest count
+  over one backward of the parameters (shards, replicated,
   every unit's full buffer), their gradients (every full buffer's too), the inputs and outputs
   of the reduce-scatters in flight, and the optimizer state. Counted whenever a gradient is
   complete: when a unit's full gradient is (before its reduce-scatter is issued: its full
@@ -16,7 +17,9 @@ Counted with measure.tensor_bytes (distinct storages; a freed full buffer counts
   any other parameter's is, and once the backward has returned. ``parts`` splits the peak
   into "state" (parameters, gradients, optimizer), "full_params", "full_grads", "in_flight".
   DDP's own gradient buckets (another copy of the gradients inside its reducer) are not
-  counted: its peak is higher than the count.
+  counted: its peak is higher than the count. Activations are not counted on either side, nor
+  what an operator holds while it runs (own_fsdp.Unit makes the views with one torch.split, so
+  its backward concatenates the views' gradients into the one full gradient).
 """
 from __future__ import annotations
 
