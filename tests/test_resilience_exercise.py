@@ -3,6 +3,7 @@ and names typical wrong answers in one line."""
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 
@@ -10,8 +11,14 @@ from source_code.resilience import young_daly
 from source_code.resilience.exercise import CASES, check_snapshot_every, right
 from source_code.solutions.nb17_resilience import snapshot_every_steps
 
-# bound here, before any check runs: the check hides young_daly's functions from the answer
-best_interval, waste_fraction = young_daly.best_interval, young_daly.waste_fraction
+
+def _copy(fn):
+    """A copy with its own code: the check swaps the model's functions' code while it runs."""
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+# copies, for the made-up answers: the check hides young_daly's functions (and names bound to them)
+best_interval, waste_fraction = _copy(young_daly.best_interval), _copy(young_daly.waste_fraction)
 
 
 def test_reference_passes():
@@ -49,7 +56,8 @@ def test_the_models_functions_are_hidden_from_the_answer_and_come_back():
         return max(1, round(young_daly.best_interval(c, 86400 / f) / s))
     verdict = check_snapshot_every(one_call)
     assert verdict.startswith("wrong") and "hidden" in verdict and "\n" not in verdict, verdict
-    assert young_daly.best_interval is best_interval and young_daly.waste_fraction is waste_fraction
+    assert young_daly.best_interval(1.0, 3600.0) == best_interval(1.0, 3600.0)
+    assert young_daly.waste_fraction(60.0, 1.0, 3600.0) == waste_fraction(60.0, 1.0, 3600.0)
 
 
 def _young(c, s, f):
@@ -103,3 +111,18 @@ def test_the_cases_separate_the_model_from_its_approximations():
     assert any(not right(_young(*c), c) and not right(_daly_capped(*c), c) for c in CASES)
     assert any(c >= 2 * _mtbf(f) for c, s, f in CASES)
     assert any(c < s for c, s, f in CASES)
+
+
+def test_a_name_bound_to_the_model_before_the_check_is_hidden_too():
+    from source_code.resilience import exercise
+    bound = young_daly.best_interval
+
+    def early_binding(c, s, f):
+        return max(1, round(bound(c, 86400 / f) / s))
+
+    def private_alias(c, s, f):
+        return max(1, round(exercise._BEST(c, 86400 / f) / s))
+    for fn in (early_binding, private_alias):
+        verdict = check_snapshot_every(fn)
+        assert verdict.startswith("wrong") and "hidden" in verdict, verdict
+    assert young_daly.best_interval(1.0, 3600.0) == best_interval(1.0, 3600.0)

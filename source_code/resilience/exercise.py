@@ -8,8 +8,8 @@ that model is within ``TOLERANCE`` of the least a whole number of steps can wast
 is flat: the closed formulas, rounding up or down, are all right where the model says so). It
 returns one line: "correct: ..." or what is wrong (it never raises through the learner's cell).
 Any whole number counts, whatever its type (an int, a float such as 12.0, a NumPy integer).
-While the learner's function runs, young_daly's functions are hidden (each raises a one-line
-error): calling ``best_interval`` would be the whole answer, and the exercise is to find the
+While the learner's function runs, young_daly's functions are hidden (their code is swapped
+for a one-line error, so a name bound to them earlier is hidden too): calling ``best_interval`` would be the whole answer, and the exercise is to find the
 best whole number of steps from section 2's formula.
 """
 from __future__ import annotations
@@ -87,18 +87,28 @@ class Hidden(RuntimeError):
     pass
 
 
+def _hidden_body(*_args, **_kwargs):
+    raise PermissionError("young_daly's functions are hidden during the check: find the best whole number "
+                          "of steps from section 2's waste formula yourself")
+
+
 @contextlib.contextmanager
 def _hidden():
-    def hidden(*_args, **_kwargs):
-        raise Hidden(HIDDEN_MESSAGE)
-    kept = {name: getattr(young_daly, name) for name in HIDDEN}
+    """The functions' code itself is swapped, so that a name bound to them before the check
+    (``bi = young_daly.best_interval``, this module's ``_BEST``) raises too."""
+    functions = [getattr(young_daly, name) for name in HIDDEN]
+    kept = [fn.__code__ for fn in functions]
     try:
-        for name in HIDDEN:
-            setattr(young_daly, name, hidden)
+        for fn in functions:
+            fn.__code__ = _hidden_body.__code__
         yield
+    except PermissionError as exc:
+        if str(exc) == HIDDEN_MESSAGE:
+            raise Hidden(HIDDEN_MESSAGE) from None
+        raise
     finally:
-        for name, fn in kept.items():
-            setattr(young_daly, name, fn)
+        for fn, code in zip(functions, kept):
+            fn.__code__ = code
 
 
 def check_snapshot_every(fn) -> str:

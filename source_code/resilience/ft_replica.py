@@ -146,7 +146,8 @@ def parser() -> Parser:
     p.add_argument("--quorum-timeout", type=positive_float, default=30.0, help="wait for a quorum, s")
     p.add_argument("--deadline", type=positive_float, default=120.0,
                    help="seconds to wait for every group to be back before failing")
-    p.add_argument("--eval-every", type=positive_int, default=8, help="replica 0 logs the eval loss")
+    p.add_argument("--eval-every", type=positive_int, default=1,
+                   help="replica 0 logs the eval loss every N steps (inside the step's --step-seconds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gate", default="", help="host:port of a store where the first attempts meet")
     p.add_argument("--serve-gate", action="store_true", help="this process serves the --gate store")

@@ -33,8 +33,9 @@ def _kill(events_by_rank: dict) -> dict:
 
 
 def _evals(events_by_rank: dict, t0: float) -> list:
-    out = sorted((e["t"] - t0, e["step"], e["eval_loss"]) for evs in events_by_rank.values()
-                 for e in evs if e.get("event") == "eval")
+    """Every evaluation logged, the final one (in the ``end`` event) included, in time order."""
+    out = sorted({(e["t"] - t0, e["step"], e["eval_loss"]) for evs in events_by_rank.values()
+                  for e in evs if e.get("event") in ("eval", "end") and "eval_loss" in e})
     return [{"seconds": s, "step": st, "eval_loss": loss} for s, st, loss in out]
 
 
@@ -105,7 +106,10 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "heal_step": healed[0]["step"] if healed else None,
             "healed_from_peer": bool(healed), "bitwise_equal": bitwise,
             "heal_bitwise_equal": bool(healed) and bitwise,
-            "survivor_steps_while_down": sum(1 for e in after if e["participants"] < len(events)),
+            # steps committed by the survivors alone before the heal step (in the heal step the
+            # returning group receives the state and its gradient counts as zero)
+            "survivor_steps_while_down": sum(1 for e in after if e["participants"] < len(events)
+                                             and (not healed or e["step"] < healed[0]["step"])),
             "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
             "samples_skipped": sum(batch_size - trained.get(s, 0) for s in committed_steps),
             "samples_lost": computed - n_trained + sum(batch_size - trained.get(s, 0) for s in committed_steps),

@@ -57,12 +57,14 @@ def verdict(initial: float, same_device: float, other_device: float | None) -> s
 
 
 def attribute(replay, initial: list[float], flagged: int, group=None) -> str:
-    """``replay(shift)``: restore the state before the step and compute the local gradient norm
-    of the slice of rank ``(rank - shift) % world`` (0: its own). Returns the verdict for
-    ``flagged``."""
+    """``replay(shift)``: every rank restores the state before the step and returns the local
+    gradient norm of the slice of rank ``(rank - shift) % world``: shift 0 its own slice, shift 1
+    its left neighbour's. Returns the verdict for rank ``flagged``'s slice."""
     world = dist.get_world_size(group)
-    again = gather_floats(replay(0), group)[flagged]                  # the same device
-    if not same(initial[flagged], again):
-        return verdict(initial[flagged], again, None)
-    elsewhere = gather_floats(replay(1), group)[(flagged + 1) % world]   # the neighbour computes it
-    return verdict(initial[flagged], again, elsewhere)
+    own_slices = gather_floats(replay(0), group)
+    on_same_device = own_slices[flagged]
+    if not same(initial[flagged], on_same_device):
+        return verdict(initial[flagged], on_same_device, None)
+    neighbours_slices = gather_floats(replay(1), group)
+    on_other_device = neighbours_slices[(flagged + 1) % world]     # the rank that replayed flagged's slice
+    return verdict(initial[flagged], on_same_device, on_other_device)

@@ -10,7 +10,7 @@ the step in flight is lost as well; torchrun stops the other rank and starts bot
 (--max-restarts, as above; compare.py instead starts a new job, as a Slurm requeue would, with
 --attempt 1 --kill-at-step 0); they read the snapshot and redo the steps since it. Every rank
 logs each finished step, the snapshot's cost and the resume with the wall-clock time, rank 0
-the eval loss every few steps (recovery.py reads them).
+the eval loss after every step (recovery.py reads them).
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def main(argv=None):
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--checkpoint", type=writable_path, default="restart_snapshot.pt")
     p.add_argument("--log-dir", default="")
-    p.add_argument("--eval-every", type=positive_int, default=8, help="rank 0 logs the eval loss")
+    p.add_argument("--eval-every", type=positive_int, default=1,
+                   help="rank 0 logs the eval loss every N steps (inside the step's --step-seconds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attempt", type=nonnegative_int, default=None,
                    help="the attempt number to log (default: torchrun's restart count)")

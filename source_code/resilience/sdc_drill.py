@@ -124,8 +124,12 @@ def drill(faults=(("state-once", 1, 5),), steps: int = 8, world_size: int = 3, s
     out = processes.spawn(_rank_drill, world_size, steps, faults, device="cpu", stream=stream)
     res = out[0]
     reports = []
+    starts = sorted(s for _, _, s in faults)
     for kind, r, s in faults:
-        hit = next((f for f in res["found"] if f["step"] == s), None) or \
+        # the first finding from the fault's step until the next fault's: found later, or not at all, shows
+        end = next((t for t in starts if t > s), steps)
+        found = sorted(res["found"], key=lambda f: f["step"])
+        hit = next((f for f in found if s <= f["step"] < end), None) or \
             {"check": "none", "rank": -1, "step": -1, "verdict": "none", "checksum_named": [], "norm_flagged": []}
         reports.append({"fault": kind, "flip_rank": r, "flip_step": s, "detected_rank": hit["rank"],
                         "detected_step": hit["step"], "verdict": hit["verdict"], "check": hit["check"],
