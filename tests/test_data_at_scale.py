@@ -2,6 +2,7 @@
 the loaders' resume, the exercise's check, and the entry points' summary lines."""
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -169,6 +170,7 @@ def _interleaved(n, consumed, batch, rank, world):       # the same global batch
 
 
 def test_a_right_answer_written_another_way_passes():
+    # each global batch dealt out rank by rank, as DistributedSampler deals: the same positions per step
     assert check_rank_batches(_interleaved).startswith("correct")
 
 
@@ -192,10 +194,8 @@ def _chunks(n, consumed, batch, rank, world):             # exactly once and equ
     return [mine[i:i + per] for i in range(0, len(mine), per)]
 
 
-def _per_rank_skip(n, consumed, batch, rank, world):      # DistributedSampler's shard, skipped per rank
-    per = batch // world
-    mine = list(range(rank, n, world))[consumed // world:]
-    return [mine[i:i + per] + [PAD] * (per - len(mine[i:i + per])) for i in range(0, len(mine), per)]
+def _off_by_one(n, consumed, batch, rank, world):          # the rest counted from the position after the cursor
+    return rank_batches(n, consumed + 1, batch, rank, world)
 
 
 @pytest.mark.parametrize("fn,message", [
@@ -203,7 +203,7 @@ def _per_rank_skip(n, consumed, batch, rank, world):      # DistributedSampler's
     (_no_padding, "different numbers of steps"),
     (_drop_the_last, "last, short global batch is left out"),
     (_chunks, "than the global batch a run without the stop trains"),
-    (_per_rank_skip, "positions before the cursor come again"),
+    (_off_by_one, "never trained"),
 ])
 def test_typical_wrong_answers_are_named(fn, message):
     verdict = check_rank_batches(fn)
@@ -214,7 +214,11 @@ def test_the_check_never_raises_and_its_cases_are_not_the_notebooks():
     def broken(*args):
         raise KeyError("x")
     assert check_rank_batches(broken).startswith("rank_batches raised KeyError")
-    assert (1210, 432, 48, 3) not in CASES and (1210, 432, 48, 4) not in CASES
+    from source_code.data_at_scale import report
+    shown = (inspect.signature(report.prepare).parameters["n"].default, report.STOP_AFTER * report.GLOBAL_BATCH,
+             report.GLOBAL_BATCH)
+    assert not [c for c in CASES if c[:3] == shown], "the check must not run the notebook's own resume"
+    assert all(consumed % batch == 0 for _, consumed, batch, _ in CASES), "a job stops between global steps"
     assert problem([[[0, 1]], [[2, PAD]]], 3, 0, 4, 2) == ""
 
 
@@ -230,7 +234,7 @@ def test_the_report_ends_with_the_notebooks_summary_line():
                           "--per-shard", "50"], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     s = _summary(res.stdout)
-    assert s["opens_ratio"] == "50" and float(s["modelled_lustre_speedup"]) > 1, s
+    assert s["opens_ratio"] == "50" and float(s["modelled_lustre_wait_ratio"]) > 1, s
     assert s["uneven_steps_equal"] == "1" and s["uneven_hang_caught"] == "1", s
     assert s["resume_repeated"] == s["resume_missing"] == "0" and int(s["sampler_resume_repeated"]) > 0, s
 
@@ -251,3 +255,18 @@ def test_a_global_batch_that_does_not_split_is_refused_before_any_work(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")        # as torchrun sets it, before any process group forms
     with pytest.raises(LaunchError, match="--global-batch 5 does not split over 2 processes; pick a multiple of 2"):
         train.main(["--global-batch", "5"])
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_the_cursors_loss_averaged_over_the_ranks_is_the_global_batchs_mean(world):
+    from source_code.data_at_scale import model as mdl
+    samples, net = formats.make_samples(58), mdl.build(dim=16, layers=1, seed=0)
+    c = cursor.GlobalCursor(58, 12, seed=0)
+    while c.steps_left() > 1:
+        c.advance()                                     # the epoch's last, short global batch: 10 of 12
+    per_rank = [mdl.weighted_loss(net, *mdl.collate(samples, c.batch_for(r, world)), c.real_in_batch() / world)
+                for r in range(world)]
+    real = [i for r in range(world) for i in c.batch_for(r, world) if i != cursor.PAD]
+    assert len(real) == c.real_in_batch() < 12
+    mean = mdl.sample_losses(net, *mdl.collate(samples, real)[:2]).mean()
+    assert abs(float(sum(per_rank) / world - mean)) < 1e-5      # DDP's mean of the ranks' losses

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -28,18 +30,26 @@ from source_code.data_at_scale.formats import as_array, load_shards
 
 
 class Taken:
-    """The batches of a list of ids, counting how many the loop has taken."""
+    """The batches of a list of ids, recording the ids of each batch the loop has taken."""
 
     def __init__(self, samples, ids: list[int], batch: int):
-        self.samples, self.ids, self.batch, self.taken = samples, ids, batch, 0
+        self.samples, self.ids, self.batch, self.given = samples, ids, batch, []
+
+    @property
+    def taken(self) -> int:
+        return len(self.given)
+
+    def trained(self, steps: int) -> list[int]:
+        """The ids of the first ``steps`` batches taken (pads left out): what those steps trained."""
+        return [i for ids in self.given[:steps] for i in ids if i != cur.PAD]
 
     def __len__(self) -> int:
         return cur.steps(self.ids, self.batch)
 
     def __iter__(self):
         for start in range(0, len(self.ids), self.batch):
-            self.taken += 1
-            yield mdl.collate(self.samples, self.ids[start:start + self.batch])
+            self.given.append(self.ids[start:start + self.batch])
+            yield mdl.collate(self.samples, self.given[-1])
 
 
 def _ddp(seed: int):
@@ -47,30 +57,48 @@ def _ddp(seed: int):
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 
-def _epoch_by_shard(urls, shards, batch, seed, joined: bool) -> dict:
+def _set_timeout(seconds: float) -> None:
+    """The default group's collective timeout from now on (torch 2.6 has only the private name)."""
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    setter(timedelta(seconds=seconds))
+
+
+def _stopped_in(exc: BaseException) -> str:
+    """Where the loop was when ``exc`` came, read from its traceback: in a step or at the barrier."""
+    frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+    if "run_batches" in frames:
+        return "step"
+    return "barrier" if any(name.startswith("train_epoch") for name in frames) else "elsewhere"
+
+
+def _epoch_by_shard(urls, shards, batch, seed, joined: bool, timeout_s: float | None = None) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     found = load_shards(urls, split=True)                       # this rank's shards, read by WebDataset
     mine = cur.by_shard(shards, rank, world)
     assert sorted(found) == sorted(mine), "split_by_node and by_shard disagree"
     batches = Taken(as_array(found, sum(map(len, shards))), mine, batch)
-    model, opt = _ddp(seed)
-    out = {"rank": rank, "batches": len(batches), "ids": mine}
+    model, opt = _ddp(seed)                  # DDP's first broadcast: every rank is here
+    if timeout_s is not None:
+        _set_timeout(timeout_s)              # the short timeout counts from here, not from the start
+    out = {"rank": rank, "batches": len(batches)}
     start = time.perf_counter()
     try:
         out["steps"] = (loops.train_epoch_joined if joined else loops.train_epoch)(model, opt, batches)
         out["hang"] = False
     except Exception as exc:  # DistBackendError / RuntimeError: the timeout, or a peer that left
-        finished = batches.taken == len(batches)
-        out.update(hang=True, steps=batches.taken - (not finished), error=first_line(exc),
-                   where="the barrier at the epoch's end" if finished
-                   else f"DDP's gradient all-reduce of step {batches.taken}")
+        where = _stopped_in(exc)
+        out.update(hang=True, steps=batches.taken - (where == "step"), error=first_line(exc),
+                   where={"step": f"DDP's gradient all-reduce of step {batches.taken}",
+                          "barrier": "the barrier at the epoch's end"}.get(where, "an unknown place"))
+    out["ids"] = batches.trained(out["steps"])   # what the completed steps trained
     out["seconds"] = time.perf_counter() - start
     return out
 
 
-def uneven(urls, shards, batch: int, seed: int = 0) -> dict:
-    """Spawned with a short collective timeout: plain DDP on whole shards per rank."""
-    out = _epoch_by_shard(urls, shards, batch, seed, joined=False)
+def uneven(urls, shards, batch: int, timeout_s: float, seed: int = 0) -> dict:
+    """Spawned: plain DDP on whole shards per rank, with a collective timeout of ``timeout_s`` set
+    once every rank has built its DDP model (a loaded machine may start them seconds apart)."""
+    out = _epoch_by_shard(urls, shards, batch, seed, joined=False, timeout_s=timeout_s)
     if out["hang"]:
         cleanup(barrier=False)   # a broken group: tear it down here, no barrier
     return out
@@ -84,8 +112,8 @@ def join_and_pad(urls, shards, batch: int, seed: int = 0) -> dict:
     ids = cur.by_sample(cur.epoch_order(len(samples), 0, seed), rank, world, fix="pad")
     batches = Taken(samples, ids, batch)
     model, opt = _ddp(seed)
-    return {"joined": joined, "padded": {"rank": rank, "steps": loops.train_epoch(model, opt, batches),
-                                         "ids": ids}}
+    steps = loops.train_epoch(model, opt, batches)
+    return {"joined": joined, "padded": {"rank": rank, "steps": steps, "ids": batches.trained(steps)}}
 
 
 def first_line(exc: BaseException) -> str:

@@ -7,19 +7,20 @@ positions of the epoch's shuffled order (0..n-1), with ``PAD`` (-1) for an empty
 and accepts an answer when, on every configuration:
 * every rank makes the same number of steps, each step ``global_batch // world`` slots;
 * every position from ``consumed`` to ``n - 1`` is trained exactly once, none before ``consumed``;
-* step s of the ranks together trains positions consumed + s*B ... consumed + (s+1)*B - 1
-  (the global batch a run that never stopped trains at that step), in whatever split among
-  the ranks, with the pads in the last step only.
+* step s of the ranks together trains the global batch that a run that never stopped trains
+  at that point of the epoch (a job stops between steps, so the cursor is a whole number of
+  global batches), in whatever split among the ranks, with the pads in the last step only.
 It returns one line: "correct: ..." or what is wrong (it never raises through the cell).
 """
 from __future__ import annotations
 
 PAD = -1
-# (n, consumed, global batch, world): a fresh epoch on 8 ranks, an epoch that does not divide
-# the batch, one global batch left with most slots empty, a batch of one sample per rank,
-# one rank, an odd world size, a stop right before the epoch's end
-CASES = [(1000, 0, 40, 8), (997, 333, 36, 6), (50, 48, 16, 4), (23, 7, 4, 4), (96, 24, 96, 1),
-         (7, 3, 6, 3), (1210, 1200, 48, 2)]
+# (n, consumed, global batch, world), the cursor a whole number of global batches: a fresh
+# epoch on 8 ranks, an epoch that does not divide the batch, one global batch left with most
+# slots empty, a batch of one sample per rank, one rank, an odd world size with one sample
+# left, a stop right before the epoch's end
+CASES = [(1000, 0, 40, 8), (997, 324, 36, 6), (50, 48, 16, 4), (23, 8, 4, 4), (96, 24, 24, 1),
+         (7, 6, 6, 3), (1210, 1200, 48, 2)]
 
 
 def _run(fn, n, consumed, batch, world):
@@ -53,7 +54,7 @@ def problem(per_rank: list[list[list[int]]], n: int, consumed: int, batch: int, 
         want = list(range(consumed + s * batch, min(n, consumed + (s + 1) * batch)))
         if got != want:
             return (f"every sample once, but step {s} trains other positions than the global batch a run "
-                    "without the stop trains there: step s is positions consumed + s*B ... consumed + (s+1)*B - 1")
+                    "without the stop trains there")
     return ""
 
 

@@ -17,8 +17,9 @@ def layouts_figure(rows: list[dict]):
     for i, r in enumerate(rows):
         left.text(i, r["requests"], str(r["requests"]), ha="center", va="bottom")
     x = range(len(rows))
-    right.bar([i - 0.2 for i in x], [r["cpu_s"] for r in rows], 0.4, label="CPU time of the reading (local disk)")
-    right.bar([i + 0.2 for i in x], [r["lustre_s"] for r in rows], 0.4, label="on Lustre (modelled)")
+    right.bar([i - 0.27 for i in x], [r["cpu_s"] for r in rows], 0.27, label="CPU time of the reading (this machine)")
+    right.bar(list(x), [r["wait_s"] for r in rows], 0.27, label="waiting for Lustre (modelled from the counts)")
+    right.bar([i + 0.27 for i in x], [r["lustre_s"] for r in rows], 0.27, label="both: the epoch on Lustre")
     right.set_xticks(list(x), names)
     right.set_ylabel("seconds per epoch")
     right.set_title("One reader's epoch")

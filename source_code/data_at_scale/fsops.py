@@ -1,4 +1,4 @@
-"""What a reader asks of the file system, counted exactly, and an epoch's time on a shared file
+"""What a reader asks of the file system, counted from its own calls, and an epoch's time on a shared file
 system whose metadata latency comes from a published measurement.
 
     with fsops.counting(root) as ops:
@@ -14,12 +14,19 @@ and ``os.lstat`` (behind os.path.exists/getsize/isfile and pathlib) are wrapped 
 Only paths under ``root`` count. An open made in C++ without Python (pyarrow's own file
 readers) is not seen: the Arrow reader of formats.py opens its file through Python.
 
-On Lustre (and GPFS) each of these is a request to a metadata server, one round trip over the
-network, while on a local disk with a warm cache it costs microseconds: an epoch on the shared
-file system takes the reader's own CPU time (measured with ``time.process_time``, this
-process's CPU only, so other work on the machine does not stretch it), one metadata round
-trip (``SharedFS.metadata_s``) for each request, made one after the other by one reader, and
-the bytes of the files it opened at one reader's streaming rate (``SharedFS.read_bytes_s``).
+What is counted is what Python asks for; what it does not see: the ``fstat`` that ``open()``
+and buffered reads make on a descriptor already open, the ``close`` (on Lustre a request to the
+metadata server too), and the first read of each file, a request to a storage target (OST)
+unless the site keeps small files on the metadata server (Data-on-MDT). So the model below
+charges one round trip per counted request and leaves those out.
+
+On Lustre (and GPFS) each counted request goes to a metadata server over the network, while on
+a local disk with a warm cache it costs microseconds. ``waiting`` is what one reader waits for
+the shared file system in an epoch: one metadata round trip (``SharedFS.metadata_s``) per
+request, one after the other, and the bytes of the files it opened at one reader's streaming
+rate (``SharedFS.read_bytes_s``): it depends on the counts only, not on this machine.
+``on_shared`` adds the reader's own CPU time, measured here (``time.process_time``), which
+does depend on this machine.
 """
 from __future__ import annotations
 
@@ -41,11 +48,14 @@ class SharedFS:
 
 LUSTRE = SharedFS(
     "Lustre", 0.0005, 161e6,
-    "metadata: MDtest on Lustre 2.5, one client thread, an otherwise idle metadata server, about "
-    "2,000 file stats per second, 0.5 ms each (Dell, 'Dell Storage for HPC with Intel Enterprise "
-    "Edition for Lustre software', metadata results, figure 12); a metadata server shared by every "
-    "job of a machine (LUMI-P has one per file system, docs.lumi-supercomputer.eu/hardware/storage/"
-    "lumip) answers slower, so this is a lower bound. Bandwidth: 161 MB/s, LUMI-P's average read "
+    "metadata: MDtest on Lustre 2.5 (QDR InfiniBand, 15K rpm disks), one client thread against an "
+    "otherwise idle metadata server: a little over 2,000 file stats per second, about 0.5 ms each "
+    "(Dell, 'Dell Storage for HPC with Intel Enterprise Edition for Lustre software', metadata "
+    "results, figure 12; the same figure gives 504 file creates per second; opens are not measured "
+    "there, and this model charges every open, stat and listing a stat's 0.5 ms). Not LUMI's "
+    "hardware; a metadata server shared with every job of a machine answers slower under load (LUMI-P "
+    "has one per file system, docs.lumi-supercomputer.eu/hardware/storage/lumip; Lustre can spread "
+    "a file system's metadata over several servers, DNE). Bandwidth: 161 MB/s, LUMI-P's average read "
     "rate of one storage target (OST) into a compute node's memory (LUMI-AI-Guide, "
     "04-data-storage), what one reader of one file (one stripe) gets")
 

@@ -32,8 +32,9 @@ def train_epoch(model, optimizer, batches) -> int:
 
 def train_epoch_joined(model, optimizer, batches) -> int:
     """The same under torch's Join: a rank out of batches answers the others' all-reduces with
-    zeros until every rank is done (DDP still divides by the whole world size: the last steps'
-    gradients are smaller, unless DDP's join hook gets divide_by_initial_world_size=False)."""
+    zeros until every rank is done. DDP keeps dividing by the world size it started with
+    (its join hook's divide_by_initial_world_size=True), so every sample keeps the same weight
+    in the last steps too, which then move the weights less, having fewer samples."""
     with Join([model]):
         steps = run_batches(model, optimizer, batches)
     dist.barrier()
@@ -47,7 +48,9 @@ def train_from_cursor(model, optimizer, cursor, samples, rank: int, world: int,
     while cursor.epoch == epoch and done != stop_after:
         ids = cursor.batch_for(rank, world)        # B/W ids of the next global batch, PAD at the epoch's end
         x, y, w = collate(samples, ids, device)
-        loss = weighted_loss(model, x, y, w, cursor.real_in_batch() / world)   # DDP's mean: the batch's
+        # this rank's summed sample losses over (the global batch's real samples / world): DDP's
+        # mean over the ranks then gives the mean over the global batch's real samples, pads weigh 0
+        loss = weighted_loss(model, x, y, w, cursor.real_in_batch() / world)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -15,9 +15,10 @@ node whose copy was interrupted has no ``.staged`` and copies again; one that ha
 nothing (a requeued job on the same node).
 
 When it pays: the copy reads every file once from the shared file system (one epoch's worth of
-its requests and bytes, per node); every later epoch reads from the node instead. So it pays
-from the second epoch when the data fit in the node's space (``NODE_LOCAL``), and not for a
-job that reads its data once (a large corpus seen once), or whose data do not fit.
+its requests and bytes, per node; all nodes at once when a job starts); every later epoch reads
+from the node instead. In notebook 20's model (report.staging_costs) that pays from the second
+epoch when the data fit in the node's space (``NODE_LOCAL``); it never pays for a job that
+reads its data once (a large corpus seen once), and cannot work for data that do not fit.
 """
 from __future__ import annotations
 
