@@ -46,7 +46,7 @@ def train_from_cursor(model, optimizer, cursor, samples, rank: int, world: int,
     """From the cursor to the end of its epoch (or ``stop_after`` steps): the same steps on every rank."""
     epoch, done = cursor.epoch, 0
     while cursor.epoch == epoch and done != stop_after:
-        ids = cursor.batch_for(rank, world)        # B/W ids of the next global batch, PAD at the epoch's end
+        ids = cursor.batch_for(rank, world)        # this rank's ids for this step (the exercise of section 6)
         x, y, w = collate(samples, ids, device)
         # this rank's summed sample losses over (the global batch's real samples / world): DDP's
         # mean over the ranks then gives the mean over the global batch's real samples, pads weigh 0
