@@ -85,10 +85,15 @@ def sweep(hs, losses, ddp_loss: float, bytes_ratio, name: str | None = None):
 
 def bandwidth(terms: dict, alpha: float, compute_s: float, betas, name: str | None = None):
     """Time to the target against the link's bandwidth (latency ``alpha``), one line per
-    method (``payoff.terms``); the crossovers are where two lines meet."""
+    method (``payoff.terms``); the crossovers are where two lines meet. Methods with the same
+    times at every bandwidth are drawn as one line that names them all (none hides another)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    lines = {}
     for m, t in terms.items():
-        ax.plot([b * 8 / 1e9 for b in betas], [payoff.seconds(t, links.Link("swept", alpha, b, ""), compute_s) for b in betas], label=m)
+        times = tuple(payoff.seconds(t, links.Link("swept", alpha, b, ""), compute_s) for b in betas)
+        lines.setdefault(times, []).append(m)
+    for times, methods in lines.items():
+        ax.plot([b * 8 / 1e9 for b in betas], times, label=" = ".join(methods))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(f"link bandwidth (Gb/s), latency {alpha * 1e3:g} ms")

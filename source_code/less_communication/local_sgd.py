@@ -4,11 +4,10 @@ Every worker trains its own copy with its own inner optimizer (AdamW) on its own
 Every H steps:
 
     local SGD   params = average over workers of params                  (one all-reduce)
-    DiLoCo      delta = global - params      # the pseudo-gradient: where H steps went, reversed
-                delta = average(delta)       # one all-reduce
-                global.grad = delta
-                outer.step()                 # SGD, Nesterov momentum 0.9, lr 0.7 (Douillard et al., 2023)
-                params = global              # every worker starts the next round there
+    DiLoCo      the workers' averaged pseudo-gradient (one all-reduce) is applied to the
+                parameters of the last synchronisation by an outer optimizer (SGD, Nesterov
+                momentum 0.9, lr 0.7: Douillard et al., 2023), and every worker starts the
+                next round from the result (``outer_step``: notebook 18's exercise)
 
 ``global`` is the parameters of the last synchronisation, kept on every worker (a second copy
 of the model, no optimizer state of its own besides the outer momentum). Local SGD is DiLoCo

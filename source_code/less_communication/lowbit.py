@@ -12,8 +12,11 @@ Low precision on the wire, fp32 in the sum: each worker's low-precision buffer i
 (``all_gather``) and the workers' values are summed in fp32 on every worker. Summing in fp16
 (an all-reduce of fp16 buffers) rounds every partial sum to fp16 and can overflow with many
 workers; Streaming DiLoCo (Douillard et al., 2025) sends 4-bit outer gradients and keeps the
-accumulation in fp32. With 2 workers the gather sends what a ring all-reduce would; with many,
-a reduce-scatter in fp32 and an all-gather in low precision keep the ring's bytes.
+accumulation in fp32. With 2 workers the gather sends what a ring all-reduce would; with many
+it sends (n - 1) buffers a worker instead of the ring's 2 (n - 1) / n. torchft's
+``allreduce_quantized`` keeps the ring's bytes another way: each worker sends the quantized
+chunks all-to-all, sums its own chunk in higher precision, and all-gathers the sums in low
+precision (a reduce-scatter in fp32 would send full-precision bytes).
 """
 from __future__ import annotations
 

@@ -10,17 +10,28 @@ scaled to the model size asked for: ``terms``). Those n steps cost
     T = n (c + M alpha + B / beta)
 
 c the compute time of a step (the 6 N T rule for that model, links.py), alpha and beta the
-link's latency and bandwidth. ``table`` gives T for every method and link, ``winners`` the
+link's latency and bandwidth. DDP (and its communication hooks) all-reduces each bucket while
+the backward pass computes the rest (notebook 05): with ``overlap`` a step's collectives cost
+only what exceeds the backward's time, ``BACKWARD_SHARE`` of c (4 of the 6 N T), step by step:
+
+    T = n (c + mean over steps of max(0, M_s alpha + B_s / beta - BACKWARD_SHARE c))
+
+DiLoCo's synchronisation waits for the H inner steps' result: nothing hides it. ``table`` gives T for every method and link, ``winners`` the
 fastest per link. Two methods a and b take equally long on links of latency alpha where
 
     beta* = (B_a - B_b) / ((n_b - n_a) c + (M_b - M_a) alpha)         (totals over the n steps)
 
-(``crossover``): above that bandwidth the one with more steps loses, below it the one with
+(``crossover``; with overlap the times are no longer linear in 1/beta and the crossover is
+found numerically): above that bandwidth the one with more steps loses, below it the one with
 more bytes. None when one of them is at least as fast on every bandwidth.
 """
 from __future__ import annotations
 
+import math
+
 from source_code.less_communication import links
+
+BACKWARD_SHARE = 4 / 6      # of a step's 6 N T: the backward's 4 N T, the time DDP can hide buckets in
 
 
 def steps_to_target(run: dict, target: float) -> float | None:
@@ -33,25 +44,34 @@ def steps_to_target(run: dict, target: float) -> float | None:
     return None
 
 
-def terms(run: dict, steps: float | None, scale: float = 1.0) -> dict | None:
-    """{"steps": n, "messages": n M, "sent": n B}: ``steps`` steps of ``run``'s average step."""
+def terms(run: dict, steps: float | None, scale: float = 1.0, overlap: bool = False) -> dict | None:
+    """{"steps": n, "messages": n M, "sent": n B, "per_step": [(M_s, B_s)], "overlap"}:
+    ``steps`` steps of ``run``'s average step (``per_step``: each step it ran, for the overlap)."""
     if steps is None:
         return None
-    messages = sent = 0.0
+    per_step = []
     for ops in run["ops"]:
+        messages = sent = 0.0
         for kind, nbytes in ops:
             m, b = links.collective_terms(kind, nbytes * scale, run["world"])
             messages, sent = messages + m, sent + b
-    n = len(run["ops"])
-    return {"steps": steps, "messages": steps * messages / n, "sent": steps * sent / n}
+        per_step.append((messages, sent))
+    n = len(per_step)
+    return {"steps": steps, "messages": steps * sum(m for m, _ in per_step) / n,
+            "sent": steps * sum(b for _, b in per_step) / n, "per_step": per_step, "overlap": overlap}
 
 
 def seconds(t: dict | None, link, compute_s: float) -> float | None:
-    """T = n c + messages alpha + bytes / beta (None: the target was never reached)."""
+    """T = n c + messages alpha + bytes / beta, less what the backward hides when ``t`` overlaps
+    (None: the target was never reached)."""
     if t is None:
         return None
     lk = links.link(link) if isinstance(link, str) else link
-    return t["steps"] * compute_s + t["messages"] * lk.alpha + t["sent"] / lk.beta
+    if not t.get("overlap"):
+        return t["steps"] * compute_s + t["messages"] * lk.alpha + t["sent"] / lk.beta
+    hidden = BACKWARD_SHARE * compute_s
+    shown = [max(0.0, m * lk.alpha + b / lk.beta - hidden) for m, b in t["per_step"]]
+    return t["steps"] * (compute_s + sum(shown) / len(shown))
 
 
 def table(ts: dict, link_names, compute_s: float) -> dict:
@@ -74,7 +94,25 @@ def crossover(a: dict, b: dict, alpha: float, compute_s: float) -> float | None:
     of latency ``alpha``; None if one is at least as fast on every bandwidth."""
     if a is None or b is None:
         return None
+    if a.get("overlap") or b.get("overlap"):
+        return _crossover_numeric(a, b, alpha, compute_s)
     fixed = (b["steps"] - a["steps"]) * compute_s + (b["messages"] - a["messages"]) * alpha
     if fixed == 0 or (a["sent"] - b["sent"]) / fixed <= 0:
         return None
     return (a["sent"] - b["sent"]) / fixed
+
+
+def _crossover_numeric(a: dict, b: dict, alpha: float, compute_s: float) -> float | None:
+    """The fastest bandwidth (bytes/s, between 1 kB/s and 1 PB/s) at which a and b swap: a log
+    grid finds the sign change, bisection the point."""
+    def diff(beta):
+        lk = links.Link("swept", alpha, beta, "")
+        return seconds(a, lk, compute_s) - seconds(b, lk, compute_s)
+    grid = [10 ** (3 + k / 16) for k in range(16 * 12 + 1)]
+    for hi, lo in zip(reversed(grid), reversed(grid[:-1])):
+        if (diff(lo) > 0) != (diff(hi) > 0) and diff(lo) != 0 and diff(hi) != 0:
+            for _ in range(100):
+                mid = math.sqrt(lo * hi)
+                lo, hi = (mid, hi) if (diff(mid) > 0) == (diff(lo) > 0) else (lo, mid)
+            return math.sqrt(lo * hi)
+    return None

@@ -30,8 +30,6 @@ SYMBOLS = 16                        # tokens of either task (sort adds its separ
 LENGTH = 32                         # positions a sequence is scored on (the model's max_len)
 CHAIN_SEED = 1234                   # the chain is fixed: one "language" for every run
 SHARPNESS = 2.5                     # std of the logits of a row: larger, fewer likely successors
-SGD_LR = {"sort": 0.3, "markov": 0.1}   # SGD + momentum 0.9 of the hook runs; 0.3 diverges on
-                                        # markov at dim 64 (loss nan within 120 steps)
 
 
 def vocab_size(task: str) -> int:
