@@ -37,14 +37,13 @@ LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.data_at_scale.
 
 
 def default_dirs(args) -> None:
-    """Without --shards: the sort task's shards in a directory of this node, written by its local rank 0."""
+    """Without --shards: the sort task's shards go in a directory of this node (see main)."""
     base = Path(tempfile.gettempdir()) / f"data-at-scale-{os.environ.get('MASTER_PORT', os.getpid())}"
     args.stage_dir = args.stage_dir or str(base / "stage-{node}")
     args.log_dir = args.log_dir or str(base / "logs")
-    if args.shards is None:
+    args.generate = args.shards is None           # written by each node's local rank 0 (main)
+    if args.generate:
         args.shards = str(base / "shards")
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0 and not formats.shard_urls(args.shards):
-            formats.write_shards(formats.make_samples(args.samples), base, args.per_shard)
 
 
 def load_samples(stage_dir: str):
@@ -133,6 +132,8 @@ def main(argv=None):
     default_dirs(args)
     code = 0
     with session(launch_hint=LAUNCH, allow_single=True) as me:
+        if me.local_rank == 0 and args.generate and not formats.shard_urls(args.shards):
+            formats.write_shards(formats.make_samples(args.samples), Path(args.shards).parent, args.per_shard)
         if me.local_rank == 0 and staging.staged(staging.node_dir(args.stage_dir)) is None:
             staging.stage(args.shards, staging.node_dir(args.stage_dir))   # the job script stages in a step of its own
         dist.barrier()
