@@ -126,7 +126,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     now = cpu_seconds(item)
-    report.user_properties.append(("cpu_s", now - item.stash.get(_START, now)))
+    # never below 0: a subtree that ends unreaped (a fork server when its kernel stops, a job's
+    # slurmstepd) leaves the live tree with all it used; what it used was counted while it ran
+    report.user_properties.append(("cpu_s", max(0.0, now - item.stash.get(_START, now))))
     item.stash[_START] = now
 
 
