@@ -93,7 +93,7 @@ def test_not_done_yet_and_errors_in_the_learners_code_are_one_line():
     assert check_ring_step(todo, reference_block_kind, show=False).startswith("not done yet")
 
     def broken(out_a, lse_a, out_b, lse_b):
-        return out_a @ lse_b, lse_a                            # shapes do not fit
+        return out_a @ torch.ones(out_a.shape[-1] + 1, 1), lse_a   # shapes never fit, whatever case is drawn
     line = check_ring_step(broken, reference_block_kind, show=False)
     assert line.startswith("not yet: your code raised RuntimeError") and "\n" not in line, line
 
