@@ -161,9 +161,12 @@ def test_the_site_step_with_a_reservation_submits_into_its_partition_and_nodes(s
     n2 only): the site step takes its name, and its partition replaces the profile's `debug`."""
     name = "workshop_course"
     subprocess.run(["scontrol", "delete", f"ReservationName={name}"], capture_output=True)
-    subprocess.run(["scontrol", "create", "reservation", f"ReservationName={name}", "Users=root",
-                    "Nodes=n2", "StartTime=now", "Duration=30", "PartitionName=course"], check=True,
-                   capture_output=True)
+    # IGNORE_JOBS: the other test worker's jobs may be running on n2 at this moment; without it
+    # scontrol refuses ("Requested nodes are busy") and the job below would not wait for them.
+    made = subprocess.run(["scontrol", "create", "reservation", f"ReservationName={name}", "Users=root",
+                           "Nodes=n2", "StartTime=now", "Duration=30", "PartitionName=course",
+                           "Flags=IGNORE_JOBS"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr + made.stdout
     try:
         cmd = (f'eval "$({sys.executable} -m source_code.launch.site_profiles --site local-gpu '
                f'--reservation {name} --format exports)" && env -0')
