@@ -30,9 +30,18 @@ def root() -> Path:
 
 @pytest.fixture
 def torchrun():
-    """torchrun(module, *args, nproc=2, check=True) -> CompletedProcess (stdout+stderr merged)."""
+    """torchrun(module, *args, nproc=2, check=True) -> CompletedProcess (stdout+stderr merged).
+    Every launch that exits 0 must also have ended cleanly: torch + gloo can abort at exit
+    ("terminate called without an active exception") after the work is done, which an exit
+    status alone does not always show."""
     from source_code.processes import torchrun as run
-    return run
+
+    def checked(*args, **kw):
+        res = run(*args, **kw)
+        if res.returncode == 0 and res.stdout:
+            assert "terminate called" not in res.stdout, res.stdout[-2000:]
+        return res
+    return checked
 
 
 def _unavailable(reason: str):

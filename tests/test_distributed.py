@@ -87,14 +87,14 @@ def test_main_job_reaches_its_accuracy(torchrun):
 @pytest.mark.slow
 def test_repeated_torchrun_launches_all_exit_cleanly():
     """torch 2.14.1 + gloo aborted at exit in ~2-3 of 10 launches without a clean shutdown
-    ("terminate called without an active exception"): five launches, started together, catch
-    that with a probability of about 80 %, and every other torchrun in the suite (about a
-    hundred launches of other entry points) must exit 0 and say nothing of it too."""
+    ("terminate called without an active exception"): three launches, started together, catch
+    that with a probability of about 60 %, and every other launch of the suite's `torchrun`
+    fixture (tests/conftest.py, every entry point) checks it too."""
     from concurrent.futures import ThreadPoolExecutor
     from source_code.processes import torchrun
-    with ThreadPoolExecutor(5) as pool:
+    with ThreadPoolExecutor(3) as pool:
         runs = list(pool.map(lambda i: torchrun("source_code.training.ddp", "--epochs", "1", "--max-steps",
-                                                "3", check=False, stream=False, timeout=300), range(5)))
+                                                "2", check=False, stream=False, timeout=300), range(3)))
     failures = [(i, r.returncode, r.stdout[-300:]) for i, r in enumerate(runs)
                 if r.returncode != 0 or "terminate called" in r.stdout]
     assert not failures, failures
