@@ -5,12 +5,15 @@
     python -m source_code.readiness --data-dir $DATA --datasets mnist,cifar10
 
 Runs on a laptop, on a GPU node and on a login node without GPUs, in well under 2 minutes,
-and never needs the internet. Exit status 1 if a requirement fails (a skipped one does not).
+and never needs the internet. Exit status 1 if a requirement fails (a skipped one does not, nor
+a warning: on a cluster's login node the row `where notebooks run` says never to run the
+multi-process notebooks there).
 """
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +27,10 @@ MIN_FREE_GB = 2.0  # a few snapshots and DCP checkpoints of the workshop's model
 
 class Skip(Exception):
     """Not a failure: the requirement does not apply on this machine (the reason is shown)."""
+
+
+class Warn(Exception):
+    """Not a failure, but what to do differently on this machine (shown as WARN)."""
 
 
 def _sum_ranks() -> float:  # runs on each spawned rank
@@ -124,6 +131,24 @@ def check_slurm(args) -> str:
     return f"sbatch found; WORKSHOP_SITE={site}: {profile.name}, {profile.gpus_per_node} GPUs a node"
 
 
+def check_login_node(args) -> str:
+    """A login node is where sbatch is and no job is: Slurm sets SLURM_JOB_ID in every job, an
+    Open OnDemand or Jupyter-JSC lab on a compute node and an salloc/srun shell included. The
+    workshop's own local test cluster (make cluster-up) is the one machine where both hold and
+    the notebooks may still run: it is its own compute node."""
+    from source_code.launch import jobs
+    host = socket.gethostname()
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"inside Slurm job {os.environ['SLURM_JOB_ID']} on {host}: the notebooks may run here"
+    if not shutil.which("sbatch"):
+        return f"no Slurm on {host} (a laptop or a lab server): the notebooks run here"
+    if jobs.local_test_cluster():
+        return "the workshop's local test cluster: this machine is its own compute node"
+    raise Warn(f"{host} looks like a login node (sbatch here, no SLURM_JOB_ID): never run the "
+               "multi-process notebooks here; open the lab on a compute node "
+               "(notebooks/LAB_ON_A_CLUSTER.md) and submit the sbatch lines from here")
+
+
 def check_disk(args) -> str:
     where = Path(args.checkpoint_dir)
     free_gb = shutil.disk_usage(where).free / 1e9
@@ -136,7 +161,7 @@ def check_disk(args) -> str:
 CHECKS = {"torch": check_torch, "device policy": check_policy, "gloo, 2 processes": check_gloo,
           "NCCL": check_nccl, "Jupyter kernel": check_jupyter, "embedded data": check_data,
           "prepared datasets": check_prepared, "Slurm and site": check_slurm,
-          "disk for checkpoints": check_disk}
+          "where notebooks run": check_login_node, "disk for checkpoints": check_disk}
 
 
 def main(argv=None) -> int:
@@ -151,7 +176,7 @@ def main(argv=None) -> int:
     unknown = [c for c in only if c not in CHECKS]
     if unknown:
         p.error(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
-    failed = 0
+    failed = warned = 0
     print(f"{'requirement':<22} {'':<7} {'s':>5}  detail, or the fix")
     for name in only:
         start = time.perf_counter()
@@ -159,11 +184,14 @@ def main(argv=None) -> int:
             verdict, detail = "ok", CHECKS[name](args)
         except Skip as why:
             verdict, detail = "skipped", str(why)
+        except Warn as why:
+            verdict, detail, warned = "WARN", str(why), warned + 1
         except Exception as err:  # a failed requirement: its one line is the fix
             failed += 1
             verdict, detail = "FIX", " ".join(str(err).split())[:400] or type(err).__name__
         print(f"{name:<22} {verdict:<7} {time.perf_counter() - start:5.1f}  {detail}", flush=True)
-    print(f"readiness: {len(only) - failed} of {len(only)} requirements met or not needed here")
+    print(f"readiness: {len(only) - failed} of {len(only)} requirements met or not needed here"
+          + (f"; {warned} WARN row(s) to read" if warned else ""))
     return 1 if failed else 0
 
 

@@ -54,3 +54,41 @@ def test_the_local_test_cluster_needs_no_site_profile(monkeypatch, capsys, tmp_p
     monkeypatch.setenv("SLURM_CONF", str(conf))
     assert readiness.main(["--only", "Slurm and site"]) == 0
     assert "local test cluster" in capsys.readouterr().out
+
+
+@pytest.fixture
+def slurm_here(monkeypatch, tmp_path):
+    """sbatch on the PATH of a real site (not the local test cluster), no job of ours yet."""
+    monkeypatch.setattr(readiness.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(readiness.socket, "gethostname", lambda: "puhti-login11")
+
+
+def test_a_login_node_is_told_never_to_run_the_notebooks_there(slurm_here, capsys):
+    # a warning, not a failure: make check is meant to run on the login node too
+    assert readiness.main(["--only", "where notebooks run"]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("where notebooks run"))
+    assert row.split()[3] == "WARN" and "puhti-login11 looks like a login node" in row, out
+    assert "never run the multi-process notebooks here" in row and "LAB_ON_A_CLUSTER.md" in row
+    assert out.rstrip().endswith("; 1 WARN row(s) to read"), out
+
+
+@pytest.mark.parametrize("where", ["a job on the same cluster", "a laptop", "the local test cluster"])
+def test_a_compute_node_a_laptop_and_the_local_cluster_are_no_login_node(where, slurm_here, monkeypatch,
+                                                                         capsys, tmp_path):
+    from source_code.launch import jobs
+    if where == "a job on the same cluster":   # an OnDemand lab, an salloc shell: sbatch is there too
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    elif where == "a laptop":
+        monkeypatch.setattr(readiness.shutil, "which", lambda name: None)
+    else:
+        conf = tmp_path / "slurm.conf"
+        conf.write_text(jobs.LOCAL_CLUSTER_MARK + "\nClusterName=workshop\n")
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert readiness.main(["--only", "where notebooks run"]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("where notebooks run"))
+    assert row.split()[3] == "ok" and "WARN" not in out, out
+    assert where != "a job on the same cluster" or "inside Slurm job 4242" in row
