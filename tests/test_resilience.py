@@ -114,9 +114,10 @@ def test_ft_figures_on_made_up_logs():
     assert (m["steps_lost"], m["discarded"], m["heal_step"], m["heal_bitwise_equal"]) == (0, 1, 7, True)
     assert m["seconds_without_progress"] == pytest.approx(1.5)
     # trained: 3 full steps (96) + 3 survivor slices (48) + step 7's survivor slice (16)
-    assert (m["samples_trained"], m["samples_skipped"]) == (160, 4 * 16)
-    # thrown away: the discarded step (16), the victim's step in flight (16), its healing step (16)
-    assert m["samples_thrown_away"] == 48 and m["samples_lost"] == 48 + 64
+    # lost (never trained): group 1's slices of the committed steps 4-7
+    assert (m["samples_trained"], m["samples_lost"]) == (160, 4 * 16)
+    # thrown away, counted apart: the discarded step (16), the victim's step in flight (16), its healing step (16)
+    assert m["samples_thrown_away"] == 48
 
 
 def test_ft_figures_could_come_out_otherwise():
@@ -128,20 +129,32 @@ def test_ft_figures_could_come_out_otherwise():
 
 def test_restart_figures_on_made_up_logs():
     """Rank 1 dies in the all-reduce after step 5; the snapshot is of step 4; attempt 1 redoes 5, 6."""
-    def rank(r):
-        evs = [_ev(s, event="step", attempt=0, step=s, samples=16, begun=s - 0.5) for s in range(1, 6)]
-        evs += [_ev(4.1, event="snapshot", step=4, seconds=0.01)]
-        evs += [_ev(20 + s, event="step", attempt=1, step=s, samples=16, begun=19.5 + s) for s in (5, 6)]
-        if r == 0:
-            evs += [_ev(19.0, event="resume", attempt=1, step=4, seconds=0.01),
-                    _ev(27.0, event="end", step=6, digest="y", eval_loss=2.0)]
-        else:
-            evs += [_ev(5.5, event="kill", step=5, samples=32)]
+    def steps(attempt, numbers, r):
+        evs = []
+        for s in numbers:
+            t = s if attempt == 0 else 20 + s
+            evs.append(_ev(t, event="step", attempt=attempt, step=s, samples=16, begun=t - 0.5))
+            if r == 0:             # rank 0 evaluates after each step: attempt 1's models differ
+                evs.append(_ev(t + 0.01, event="eval", step=s, eval_loss=10.0 - s - attempt / 2))
+            if s == 4 and attempt == 0:
+                evs.append(_ev(4.1, event="snapshot", step=4, seconds=0.01))
         return evs
+
+    def rank(r):
+        if r == 1:
+            return steps(0, range(1, 6), r) + [_ev(5.5, event="kill", step=5, samples=32)] + steps(1, (5, 6), r)
+        return (steps(0, range(1, 6), r) + [_ev(19.0, event="resume", attempt=1, step=4, seconds=0.01)]
+                + steps(1, (5, 6), r) + [_ev(27.0, event="end", step=6, digest="y", eval_loss=3.5)])
     m = recovery.restart_metrics({0: rank(0), 1: rank(1)}, batch_size=32)
-    assert (m["steps_lost"], m["resumed_from"], m["samples_skipped"]) == (1, 4, 0)
+    assert (m["steps_lost"], m["resumed_from"], m["samples_lost"]) == (1, 4, 0)
     assert m["samples_trained"] == 6 * 32 and m["samples_thrown_away"] == 32 + 32   # step 5 once, in flight
     assert m["seconds_without_progress"] == pytest.approx(25.0 - 5.5)
+    # the model held, from each step's commit: step 5 of attempt 0 until the kill, then the
+    # snapshot's (step 4) until attempt 1 commits step 5 again
+    held = [(e["step"], e["seconds"], e["eval_loss"]) for e in m["evals"]]
+    assert held[3:] == [(4, 3.5, 6.0), (5, 4.5, 5.0), (4, 5.0, 6.0), (5, 24.5, 4.5), (6, 25.5, 3.5)], held
+    assert recovery.loss_at_seconds(m["evals"], 5.0)["step"] == 4       # the kill's moment: rolled back
+    assert recovery.loss_at_seconds(m["evals"], 24.5)["step"] == 5      # a commit's own moment: that step
 
 
 def test_losses_at_equal_steps_and_time():
@@ -153,11 +166,15 @@ def test_losses_at_equal_steps_and_time():
 
 def test_summary_figures_of_the_corruption_drill_can_fail():
     good = {"faults": [{"fault": "state-once", "detected_rank": 1},
-                       {"fault": "compute-once", "check": "gradient", "detected_rank": 0, "flip_rank": 0,
-                        "checksum_named": []}]}
-    assert compare.sdc_figures(good) == {"detected_rank": 1, "compute_fault_detected": 1}
-    seen_by_checksum = {"faults": [dict(good["faults"][1], check="checksum", checksum_named=[0])]}
+                       {"fault": "compute-once", "check": "gradient", "detected_rank": 0, "flip_rank": 0},
+                       {"fault": "compute-small", "check": "none", "detected_rank": -1, "flip_rank": 2}]}
+    assert compare.sdc_figures(good) == {"detected_rank": 1, "compute_fault_detected": 1, "small_fault_found": 0}
+    seen_by_checksum = {"faults": [dict(good["faults"][1], check="checksum")]}
     assert compare.sdc_figures(seen_by_checksum)["compute_fault_detected"] == 0
+    wrong_rank = {"faults": [dict(good["faults"][1], detected_rank=2)]}
+    assert compare.sdc_figures(wrong_rank)["compute_fault_detected"] == 0
+    small_seen = {"faults": [dict(good["faults"][2], check="gradient")]}
+    assert compare.sdc_figures(small_seen)["small_fault_found"] == 1
 
 
 def test_torchfts_ddp_hook_fails_where_waiting_on_manager_allreduce_records_the_error():

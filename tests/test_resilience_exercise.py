@@ -126,3 +126,16 @@ def test_a_name_bound_to_the_model_before_the_check_is_hidden_too():
         verdict = check_snapshot_every(fn)
         assert verdict.startswith("wrong") and "hidden" in verdict, verdict
     assert young_daly.best_interval(1.0, 3600.0) == best_interval(1.0, 3600.0)
+
+
+def test_a_reload_of_the_model_inside_the_answer_is_refused_and_undone():
+    import importlib
+    kept = young_daly.best_interval
+
+    def reloaded(c, s, f):
+        importlib.reload(young_daly)           # fresh functions, unhidden
+        return max(1, round(young_daly.best_interval(c, 86400 / f) / s))
+    verdict = check_snapshot_every(reloaded)
+    assert verdict.startswith("wrong") and "hidden" in verdict, verdict
+    assert young_daly.best_interval is kept and kept(1.0, 3600.0) == best_interval(1.0, 3600.0)
+    assert check_snapshot_every(snapshot_every_steps).startswith("correct")

@@ -10,8 +10,8 @@ One kill at the same point in both runs (worker 1 dies inside its gradient all-r
   step torchft ended at: after the kill torchrun stops the other workers and starts all again,
   and they resume from the snapshot (a Slurm requeue does the same with a new job, and waits for
   an allocation: minutes, where the relaunch here costs the seconds of a process start).
-Both are measured from their step logs (recovery.py): steps and samples lost, the steps thrown
-away, time without progress; over one window for both (from the kill to the step where torchft
+Both are measured from their step logs (recovery.py): steps lost, samples lost (never trained)
+and, apart from them, sample computations thrown away, the steps discarded, time without progress; over one window for both (from the kill to the step where torchft
 has every group back) the seconds lost and the goodput; the loss at equal steps (the end) and
 at equal time after the kill (both back at full batch). The model is fixed and tiny (the
 lesson is the failures); ``--step-seconds`` stands in for a bigger model's step time. Then the
@@ -19,7 +19,8 @@ corruption drill (sdc_drill.py): bits flipped in one replica's state (found by t
 and in one rank's gradient (the checksums agree; found by the gradient check and a replay on
 the same device, then on another), each attributed. The last line:
 ``summary: ft_steps_lost=0 restart_steps_lost=B ft_discarded_steps=D ft_samples_lost=F
-restart_samples_lost=R heal_bitwise_equal=1 sdc_detected_rank=1 sdc_compute_fault_detected=1 ...``;
+restart_samples_lost=R ft_samples_thrown_away=G restart_samples_thrown_away=H heal_bitwise_equal=1
+sdc_detected_rank=1 sdc_compute_fault_detected=1 sdc_small_fault_found=0 ...``;
 ``--out FILE`` keeps every number as JSON for a notebook to reuse.
 """
 from __future__ import annotations
@@ -74,7 +75,7 @@ def run_restart(steps: int, kill_at: int, snapshot_every: int, step_seconds: flo
 
 # the corruption drill's faults, one run (kind, rank, step): each kind of check and verdict once
 SDC_FAULTS = (("state-repeat", 2, 2), ("state-once", 1, 3), ("compute-once", 0, 4),
-              ("compute-repeat", 1, 6), ("compute-data", 2, 7))
+              ("compute-small", 2, 5), ("compute-repeat", 1, 6), ("compute-data", 2, 7))
 
 
 def compare(steps: int = 20, kill_at: int = 10, snapshot_every: int = 8, step_seconds: float = 0.05,
@@ -106,14 +107,16 @@ def compare(steps: int = 20, kill_at: int = 10, snapshot_every: int = 8, step_se
 
 
 def sdc_figures(found: dict) -> dict:
-    """The state fault's named rank, and whether every compute fault was found by the gradient
-    check and its replay (named right) while the checksums agreed."""
+    """The state fault's named rank; whether every large compute fault was found by the gradient
+    check (which the drill consults only where the checksums named no rank) and its replay
+    named the right rank; whether the small one (a low mantissa bit) was found by anything."""
     by_kind = {f["fault"]: f for f in found["faults"]}
-    compute = [f for f in found["faults"] if f["fault"].startswith("compute")]
+    large = [f for f in found["faults"] if f["fault"] in ("compute-once", "compute-repeat", "compute-data")]
+    small = by_kind.get("compute-small")
     return {"detected_rank": by_kind["state-once"]["detected_rank"] if "state-once" in by_kind else -1,
-            "compute_fault_detected": int(bool(compute) and all(
-                f["check"] == "gradient" and f["detected_rank"] == f["flip_rank"] and not f["checksum_named"]
-                for f in compute))}
+            "compute_fault_detected": int(bool(large) and all(
+                f["check"] == "gradient" and f["detected_rank"] == f["flip_rank"] for f in large)),
+            "small_fault_found": -1 if small is None else int(small["check"] != "none")}
 
 
 def summary_line(res: dict) -> str:
@@ -121,14 +124,18 @@ def summary_line(res: dict) -> str:
     fw, rw = ft["window"], rs["window"]
     return (f"summary: ft_steps_lost={ft['steps_lost']} restart_steps_lost={rs['steps_lost']} "
             f"ft_discarded_steps={ft['discarded']} ft_samples_lost={ft['samples_lost']} "
-            f"restart_samples_lost={rs['samples_lost']} heal_bitwise_equal={int(ft['heal_bitwise_equal'])} "
+            f"restart_samples_lost={rs['samples_lost']} ft_samples_thrown_away={ft['samples_thrown_away']} "
+            f"restart_samples_thrown_away={rs['samples_thrown_away']} heal_bitwise_equal={int(ft['heal_bitwise_equal'])} "
             f"sdc_detected_rank={sdc['detected_rank']} sdc_compute_fault_detected={sdc['compute_fault_detected']} "
+            f"sdc_small_fault_found={sdc['small_fault_found']} "
             f"seconds_without_progress ft={ft['seconds_without_progress']:.2f} "
             f"restart={rs['seconds_without_progress']:.2f} "
             f"heartbeat_timeout_s={ft['timeouts']['heartbeat_timeout_s']:.1f} "
             f"kill_to_step_{res['window_step']}: seconds_lost ft={fw['seconds_lost']:.2f} restart={rw['seconds_lost']:.2f} "
             f"goodput_samples_per_s ft={fw['goodput']:.0f} restart={rw['goodput']:.0f} "
             f"loss_at_step_{res['steps']} ft={ft['final_loss']:.4f} restart={rs['final_loss']:.4f} "
+            f"loss_{res['equal_seconds_after_kill']:.2f}s_after_kill ft={ft['loss_at_seconds']['eval_loss']:.4f} "
+            f"restart={rs['loss_at_seconds']['eval_loss']:.4f} "
             f"best_snapshot_interval_s={res['young_daly']['best_interval_seconds']:.1f}")
 
 

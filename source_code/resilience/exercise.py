@@ -9,8 +9,9 @@ is flat: the closed formulas, rounding up or down, are all right where the model
 returns one line: "correct: ..." or what is wrong (it never raises through the learner's cell).
 Any whole number counts, whatever its type (an int, a float such as 12.0, a NumPy integer).
 While the learner's function runs, young_daly's functions are hidden (their code is swapped
-for a one-line error, so a name bound to them earlier is hidden too): calling ``best_interval`` would be the whole answer, and the exercise is to find the
-best whole number of steps from section 2's formula.
+for a one-line error, so a name bound to them earlier is hidden too; a reload of the module is
+undone and refused): calling ``best_interval`` would be the whole answer, and the exercise is to
+find the best whole number of steps from section 2's formula.
 """
 from __future__ import annotations
 
@@ -95,20 +96,25 @@ def _hidden_body(*_args, **_kwargs):
 @contextlib.contextmanager
 def _hidden():
     """The functions' code itself is swapped, so that a name bound to them before the check
-    (``bi = young_daly.best_interval``, this module's ``_BEST``) raises too."""
+    (``bi = young_daly.best_interval``, this module's ``_BEST``) raises too; a module whose
+    functions were replaced meanwhile (``importlib.reload(young_daly)`` binds fresh, unhidden
+    ones) gets its own back, and the answer counts as one that called them."""
     functions = [getattr(young_daly, name) for name in HIDDEN]
     kept = [fn.__code__ for fn in functions]
     try:
         for fn in functions:
             fn.__code__ = _hidden_body.__code__
         yield
+        if any(getattr(young_daly, name) is not fn for name, fn in zip(HIDDEN, functions)):
+            raise Hidden(HIDDEN_MESSAGE)
     except PermissionError as exc:
         if str(exc) == HIDDEN_MESSAGE:
             raise Hidden(HIDDEN_MESSAGE) from None
         raise
     finally:
-        for fn, code in zip(functions, kept):
+        for name, fn, code in zip(HIDDEN, functions, kept):
             fn.__code__ = code
+            setattr(young_daly, name, fn)
 
 
 def check_snapshot_every(fn) -> str:

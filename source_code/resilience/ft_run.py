@@ -157,7 +157,7 @@ def main(argv=None):
     res = run(args.replicas, args.steps, args.kill_at_step, step_seconds=args.step_seconds,
               batch_size=args.batch_size)
     print(f"summary: ft_steps_lost={res['steps_lost']} ft_discarded_steps={res['discarded']} "
-          f"ft_samples_lost={res['samples_lost']} seconds_without_progress={res['seconds_without_progress']:.2f} "
+          f"ft_samples_lost={res['samples_lost']} ft_samples_thrown_away={res['samples_thrown_away']} seconds_without_progress={res['seconds_without_progress']:.2f} "
           f"heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S:.1f} heal_bitwise_equal={int(res['heal_bitwise_equal'])}")
     return 0
 

@@ -4,10 +4,11 @@
 
 Data-parallel training (gradients all-reduced, written out) on ``--world-size`` processes:
 * for ``--steps`` steps ``--slow-rank`` computes at ``1/--slow-factor`` of the others' speed (it
-  runs its forward and backward that many times: a throttled GPU, a noisy neighbour); each rank
+  runs its forward and backward that many times: a throttled GPU, a slower device); each rank
   times its compute in the CPU time of its own thread (a GPU would use CUDA events: the device's
-  time), so that the other processes on this machine do not count; every ``--every`` steps the
-  ranks all-gather their median compute time (stragglers.py) and the slow one is named;
+  time, gaps where the host launches late included), so that the other processes on this machine
+  do not count; every ``--every`` steps the ranks all-gather their median compute time
+  (stragglers.py) and the slow one is named;
 * then ``--hang-rank`` stops in its data phase; the watchdog of every rank (watchdog.py), armed
   for that step only with a timeout of ``--hang-factor`` x the slowest rank's median step time
   measured in this run, notices that nothing moved and reports where each rank is.

@@ -16,25 +16,27 @@ def _key(d: dict, k: int):
 
 def progress_figure(res: dict):
     """Left: the torchrun job restarted from its snapshot; middle: torchft's replica groups (both
-    against seconds since the kill, global step committed); right: the eval loss of both runs
-    against seconds since the kill, with the time at which the losses are compared."""
+    against seconds since the kill, global step committed, held until the next commit); right:
+    the eval loss of the model each run held (from each step's commit; a restart holds its
+    snapshot's from the kill on) against seconds since the kill, with the time at which the
+    losses are compared."""
     ft, rs = res["ft"], res["restart"]
     fig, (left, mid, right) = plt.subplots(1, 3, figsize=(13, 4.4))
     mid.sharex(left)
     mid.sharey(left)
     for attempt, style in ((0, "-"), (1, "--")):
         t, s = _curve(rs["events"][_key(rs["events"], 0)], attempt=attempt)
-        left.plot([x - rs["kill_t"] for x in t], s, style, color="tab:blue",
+        left.plot([x - rs["kill_t"] for x in t], s, style, color="tab:blue", drawstyle="steps-post",
                   label=f"restart: attempt {attempt}" + (" (from the snapshot)" if attempt else ""))
     left.set_title(f"restart from a snapshot: {rs['steps_lost']} steps lost", fontsize=10)
     # the survivor wide and pale underneath, the victim thin on top: both stay visible
     t, s = _curve(ft["events"][_key(ft["events"], 0)])
-    mid.plot([x - ft["kill_t"] for x in t], s, "-", color="tab:green", lw=4, alpha=0.45,
+    mid.plot([x - ft["kill_t"] for x in t], s, "-", color="tab:green", lw=4, alpha=0.45, drawstyle="steps-post",
              label="torchft: replica 0 (survives)")
     for attempt, style in ((0, "-"), (1, "--")):
         t, s = _curve(ft["events"][_key(ft["events"], 1)], attempt=attempt)
         if t:
-            mid.plot([x - ft["kill_t"] for x in t], s, style, color="tab:red", lw=1.2,
+            mid.plot([x - ft["kill_t"] for x in t], s, style, color="tab:red", lw=1.2, drawstyle="steps-post",
                      marker="." if attempt else None, ms=4,
                      label=f"torchft: replica 1, attempt {attempt}" + (" (healed)" if attempt else ""))
     if ft["heal_step"]:
@@ -50,7 +52,7 @@ def progress_figure(res: dict):
     for run, name, color in ((rs, "restart", "tab:blue"), (ft, "torchft", "tab:green")):
         ev, kill = run["evals"], run["kill_t"] - run["start_t"]
         right.plot([e["seconds"] - kill for e in ev], [e["eval_loss"] for e in ev], ".-", color=color, ms=3,
-                   drawstyle="steps-post", label=f"{name}: eval loss")    # the model the job has
+                   drawstyle="steps-post", label=f"{name}: eval loss of the model held")
     right.axvline(0, color="black", lw=0.8, ls=":")
     right.axvline(res["equal_seconds_after_kill"], color="grey", lw=0.8, ls="--", label="equal time")
     right.set_xlabel("seconds since the kill")

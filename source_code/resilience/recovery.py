@@ -7,16 +7,19 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   from (a restart goes on from its snapshot; per-step fault tolerance from wherever the
   survivors' first step after the kill starts: 0 unless they rolled back);
 * seconds without progress: from the kill to the first step the job commits after it;
-* samples: ``trained`` (in an update the final model descends from), ``thrown_away`` (computed
-  for nothing: steps rolled back, the step in flight, a discarded step, a healing group's zero
-  contribution), ``skipped`` (in a committed step's global batch but trained by no group: the
-  slice of a group that was down); lost = thrown away + skipped;
+* samples, two things that are not added up: samples **lost** (``skipped``: in a committed
+  step's global batch but trained by no group, the slice of a group that was down: never
+  trained) and sample computations **thrown away** (``thrown_away``: computed for nothing: steps
+  rolled back, the step in flight, a discarded step, a healing group's zero contribution; the
+  samples may be trained in another computation, as a restart's redone steps are);
 * the same window for both ways (``window``): from the kill to the commit of one global step
   ``S`` at which both are back at full batch (the first step torchft trains with every group
   again); each run's seconds there, the samples of steps kill+1..S it trained, its goodput
   (those samples per second) and its seconds lost: the window's length minus what its steps
   took before the kill (a run's median step time). Per failure, not per run length;
-* the eval loss curve against time, for losses at equal steps and at equal time after the kill.
+* the model each run held against time (``evals``: from the commit of each evaluated step, and
+  for a restart the snapshot's model from the kill until its redone steps commit), for losses
+  at equal steps and at equal time after the kill.
 """
 from __future__ import annotations
 
@@ -32,11 +35,25 @@ def _kill(events_by_rank: dict) -> dict:
     return kills[0]
 
 
-def _evals(events_by_rank: dict, t0: float) -> list:
-    """Every evaluation logged, the final one (in the ``end`` event) included, in time order."""
-    out = sorted({(e["t"] - t0, e["step"], e["eval_loss"]) for evs in events_by_rank.values()
-                  for e in evs if e.get("event") in ("eval", "end") and "eval_loss" in e})
-    return [{"seconds": s, "step": st, "eval_loss": loss} for s, st, loss in out]
+def _evals(events_by_rank: dict, t0: float, rollback: tuple | None = None) -> list:
+    """The model the job held from each moment on: every evaluation (the final one, in the
+    ``end`` event, included) dated by the commit of its step (the step event before it in the
+    same log), not by the moment it was logged; ``rollback`` = (time, step): from the kill on a
+    restarted job holds its snapshot's model (the last evaluation of that step before then)."""
+    out = set()
+    for evs in events_by_rank.values():
+        committed_at = None
+        for e in evs:
+            if e.get("event") == "step" and e.get("committed", True):
+                committed_at = e["t"]
+            elif e.get("event") in ("eval", "end") and "eval_loss" in e and committed_at is not None:
+                out.add((committed_at - t0, e["step"], e["eval_loss"]))
+    if rollback is not None:
+        t, step = rollback
+        held = [o for o in out if o[1] == step and o[0] <= t - t0]
+        if held:
+            out.add((t - t0, step, max(held)[2]))
+    return [{"seconds": s, "step": st, "eval_loss": loss} for s, st, loss in sorted(out)]
 
 
 def _median(values: list) -> float:
@@ -61,8 +78,9 @@ def window(run: dict, kill_step: int, until: int, batch_size: int) -> dict:
 
 
 def loss_at_seconds(evals: list, seconds: float) -> dict:
-    """The last evaluation at or before ``seconds`` since the run's start."""
-    before = [e for e in evals if e["seconds"] <= seconds]
+    """The model held ``seconds`` after the run's start: the last one committed by then (a step
+    committed at that very moment counts, up to a microsecond of rounding)."""
+    before = [e for e in evals if e["seconds"] <= seconds + 1e-6]
     return before[-1] if before else {"seconds": 0.0, "step": 0, "eval_loss": float("nan")}
 
 
@@ -111,8 +129,8 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "survivor_steps_while_down": sum(1 for e in after if e["participants"] < len(events)
                                              and (not healed or e["step"] < healed[0]["step"])),
             "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
-            "samples_skipped": sum(batch_size - trained.get(s, 0) for s in committed_steps),
-            "samples_lost": computed - n_trained + sum(batch_size - trained.get(s, 0) for s in committed_steps),
+            # never trained: in a committed step's global batch, trained by no group
+            "samples_lost": sum(batch_size - trained.get(s, 0) for s in committed_steps),
             "seconds": last - t0, "commits": commits, "trained": trained,
             "step_seconds": _step_seconds(commits, kill["step"]),
             "full_step": full[0] if full else None,          # back at full batch (every group)
@@ -140,7 +158,9 @@ def restart_metrics(events: dict, batch_size: int) -> dict:
     skipped = sum(batch_size - n for n in trained.values())
     caught_up = next((e for e in again if e["step"] >= kill["step"]), again[-1])
     snaps = [e["seconds"] for evs in events.values() for e in evs if e.get("event") == "snapshot"]
-    commits = {e["step"]: e["t"] for e in sorted(lineage, key=lambda e: e["t"])}   # the last rank's
+    commits = {}
+    for e in sorted(lineage, key=lambda e: e["t"]):
+        commits.setdefault(e["step"], e["t"])                           # the first rank to commit it, as for torchft
     ends = [e for evs in events.values() for e in evs if e.get("event") == "end"]
     t0, last = min(e["begun"] for e in every), max(e["t"] for e in again)
     return {"kill_step": kill["step"], "kill_t": kill["t"], "start_t": t0, "resumed_from": start,
@@ -150,11 +170,11 @@ def restart_metrics(events: dict, batch_size: int) -> dict:
             "snapshot_seconds": _median(snaps), "commits": commits, "trained": trained,
             "step_seconds": _step_seconds(commits, start),
             "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,
-            "samples_skipped": skipped, "samples_lost": computed - n_trained + skipped,
+            "samples_lost": skipped,
             "seconds": last - t0,
             "final_step": ends[0]["step"] if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
-            "evals": _evals(events, t0)}
+            "evals": _evals(events, t0, rollback=(kill["t"], start))}
 
 
 def main(argv=None) -> int:
@@ -181,7 +201,7 @@ def main(argv=None) -> int:
         return 1
     ok = m["steps_lost"] == 0 and m["discarded"] >= 1 and m["heal_bitwise_equal"]
     print(f"summary: groups={len(events)} ft_steps_lost={m['steps_lost']} ft_discarded_steps={m['discarded']} "
-          f"ft_samples_lost={m['samples_lost']} seconds_without_progress={m['seconds_without_progress']:.2f} "
+          f"ft_samples_lost={m['samples_lost']} ft_samples_thrown_away={m['samples_thrown_away']} seconds_without_progress={m['seconds_without_progress']:.2f} "
           f"heal_step={m['heal_step']} heal_bitwise_equal={int(m['heal_bitwise_equal'])} final_step={m['final_step']}")
     return 0 if ok else 1
 

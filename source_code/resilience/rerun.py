@@ -16,10 +16,14 @@ machine (megatron/core/rerun_state_machine.py) checks a *result* instead and rep
   and computes its slice again on the *same device*; if the flagged value does not come back
   the fault was transient. If it does, the flagged slice is computed on *another device*
   (each rank takes its neighbour's slice): a different value there means the first device
-  computes wrongly (persistent: drain it); the same value means the result was right and the
-  cause is the data or the code, not the hardware.
-Megatron's second replay restarts the job from a checkpoint on another GPU; in data
-parallelism every rank holds the same state, so a neighbour can compute the slice at once.
+  computes wrongly (persistent: a suspect, for the diagnostic suites, not a sure verdict); the
+  same value means the result was right and the cause is the data or the code, not the hardware.
+"The same" is within a relative tolerance (``same``): Megatron asks for a deterministic control
+flow (the same validations in the same order when the step runs again), not for deterministic
+kernels, and compares with a 0.1 % tolerance (its mode that reports determinism statistics
+measures the run-to-run spread, to choose one). Megatron's second replay restarts the job from
+a checkpoint on another GPU; in data parallelism every rank holds the same state, so a neighbour
+can compute the slice at once.
 """
 from __future__ import annotations
 

@@ -10,11 +10,16 @@ stay bitwise equal). Faults (``--fault``, or several in one run from Python):
 * ``compute-once`` / ``compute-repeat``: a high exponent bit of one gradient element flips on
   ``--rank`` before the all-reduce (once; or every time that device computes the step);
 * ``compute-data``: the same, whichever device computes that rank's slice (the data, or a bug
-  in the code, not a device).
+  in the code, not a device);
+* ``compute-small``: a low mantissa bit of one gradient element flips on ``--rank`` before the
+  all-reduce, once: an error neither check is built to see.
 After every step: the checksum check (sdc.py) and each rank's gradient norm check (rerun.py);
-a hit is replayed from the state copy kept before the step and attributed; then the step is
-computed again without the fault (as on a drained device) and training goes on. The cost of
-both checks and of the state copy is timed per step.
+a hit is replayed from the state copy kept before the step and attributed. Then: a transient
+fault's step is computed again (the fault does not come back); a faulty device's step is
+computed without the fault (as after the device is taken out); a result that came back on
+another device is right, and its step is skipped (its data set aside, as Megatron-LM lets a
+job skip an iteration whose result reproduced). The cost of both checks (the local gradient
+norm included) and of the state copy is timed per step, the faults' injection outside it.
 """
 from __future__ import annotations
 
@@ -29,15 +34,15 @@ from source_code.cli import Parser, nonnegative_int, positive_int
 from source_code.errors import LaunchError, run_main
 from source_code.resilience import common, rerun, sdc
 
-KINDS = ("state-once", "state-repeat", "compute-once", "compute-repeat", "compute-data")
+KINDS = ("state-once", "state-repeat", "compute-once", "compute-repeat", "compute-data", "compute-small")
 STATE_BIT = 3      # a low mantissa bit: the value moves by ~1e-7 of itself, the loss does not notice
 GRAD_BIT = 30      # the exponent's top bit: a gradient element below 1 grows by 2^128
 
 
-def _corrupt_gradient(model) -> None:
+def _corrupt_gradient(model, bit: int) -> None:
     g = next(model.parameters()).grad.view(-1)
     index = int(((g.abs() > 0) & (g.abs() < 1)).nonzero()[0])     # stays finite once flipped
-    sdc.flip_bit(g, index, GRAD_BIT)
+    sdc.flip_bit(g, index, bit)
 
 
 def _rank_drill(steps: int, faults: list, batch_size: int = 24) -> dict:
@@ -45,35 +50,40 @@ def _rank_drill(steps: int, faults: list, batch_size: int = 24) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = common.task()
     model, optimizer = common.build(0)
-    fired = set()
+    fired, effect = set(), {}
 
-    def compute(step: int, shift: int = 0, apply: bool = False, clean: bool = False) -> float:
-        """Forward and backward of the slice of rank (rank - shift) % world; its local gradient
-        norm; with ``apply`` the all-reduce and the optimizer step as well."""
+    def backward(step: int, shift: int = 0) -> int:
+        """Forward and backward of the slice of rank (rank - shift) % world; returns that slice."""
         part = (rank - shift) % world
         x, y = common.part_batch(dataset, step, batch_size, world, part)
         optimizer.zero_grad()
         workload.loss_fn(model, x, y).backward()
+        return part
+
+    def apply() -> None:
+        for p in model.parameters():                       # data parallelism, written out
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        optimizer.step()
+
+    def fault_in_gradient(step: int, part: int, clean: bool) -> None:      # the drill, not the lesson
         for kind, f_rank, f_step in faults:
             first = (kind, step) not in fired
             hit = {"compute-once": rank == f_rank and first, "compute-repeat": rank == f_rank,
-                   "compute-data": part == f_rank}.get(kind, False)
+                   "compute-data": part == f_rank, "compute-small": rank == f_rank and first}.get(kind, False)
             if step == f_step and hit and not clean:
-                _corrupt_gradient(model)
+                before = rerun.local_grad_norm(model)
+                _corrupt_gradient(model, STATE_BIT if kind == "compute-small" else GRAD_BIT)
+                effect.setdefault(kind, rerun.local_grad_norm(model) / before - 1)   # the norm's relative change
                 fired.add((kind, step))
-        norm = rerun.local_grad_norm(model)
-        if apply:
-            for p in model.parameters():                   # data parallelism, written out
-                dist.all_reduce(p.grad)
-                p.grad /= world
-            optimizer.step()
-            for kind, f_rank, f_step in faults:
-                first = (kind, step) not in fired
-                if step == f_step and rank == f_rank and not clean and \
-                        (kind == "state-repeat" or kind == "state-once" and first):
-                    sdc.flip_bit(next(model.parameters()), index=7, bit=STATE_BIT)     # the silent fault
-                    fired.add((kind, step))
-        return norm
+
+    def fault_in_state(step: int, clean: bool) -> None:
+        for kind, f_rank, f_step in faults:
+            first = (kind, step) not in fired
+            if step == f_step and rank == f_rank and not clean and \
+                    (kind == "state-repeat" or kind == "state-once" and first):
+                sdc.flip_bit(next(model.parameters()), index=7, bit=STATE_BIT)     # the silent fault
+                fired.add((kind, step))
 
     seen = [[] for _ in range(world)]
     found, cost = [], {"step": [], "copy": [], "checksum": [], "norm": []}
@@ -81,36 +91,56 @@ def _rank_drill(steps: int, faults: list, batch_size: int = 24) -> dict:
         t0 = time.perf_counter()
         before = {"model": copy.deepcopy(model.state_dict()), "optim": copy.deepcopy(optimizer.state_dict())}
         t1 = time.perf_counter()
-        mine = compute(step, apply=True)
+        backward(step)
         t2 = time.perf_counter()
-        norms = common.gather_floats(mine)                           # the gradient check: world x 8 bytes
-        flagged = [r for r in range(world) if rerun.is_unexpectedly_large(norms[r], seen[r])]
+        fault_in_gradient(step, rank, clean=False)
         t3 = time.perf_counter()
-        odd = sdc.odd_ranks(model)                           # the checksum check: world x 8 bytes
+        mine = rerun.local_grad_norm(model)                  # the gradient check, before the all-reduce
         t4 = time.perf_counter()
-        for key, dt in (("copy", t1 - t0), ("step", t2 - t1), ("norm", t3 - t2), ("checksum", t4 - t3)):
+        apply()
+        t5 = time.perf_counter()
+        fault_in_state(step, clean=False)
+        t6 = time.perf_counter()
+        norms = common.gather_floats(mine)                   # world x 8 bytes
+        flagged = [r for r in range(world) if rerun.is_unexpectedly_large(norms[r], seen[r])]
+        t7 = time.perf_counter()
+        odd = sdc.odd_ranks(model)                           # the checksum check: world x 8 bytes
+        t8 = time.perf_counter()
+        for key, dt in (("copy", t1 - t0), ("step", (t2 - t1) + (t5 - t4)), ("norm", (t4 - t3) + (t7 - t6)),
+                        ("checksum", t8 - t7)):
             cost[key].append(dt)
 
-        def replay(shift: int, apply: bool = False, clean: bool = False) -> float:
+        def replay(shift: int, update: bool = False, clean: bool = False) -> float:
             sdc.restore(model, optimizer, before)
-            return compute(step, shift, apply, clean)
+            part = backward(step, shift)
+            fault_in_gradient(step, part, clean)
+            norm = rerun.local_grad_norm(model)
+            if update:
+                apply()
+                fault_in_state(step, clean)
+            return norm
         if odd:
-            replay(0, apply=True)
+            replay(0, update=True)
             verdict = sdc.state_verdict(odd, sdc.odd_ranks(model))
             found.append({"check": "checksum", "rank": odd[0], "step": step, "verdict": verdict,
                           "checksum_named": odd, "norm_flagged": flagged})
             if verdict != "transient":                       # computed again without the faulty unit
-                replay(0, apply=True, clean=True)
+                replay(0, update=True, clean=True)
         elif flagged:
             verdict = rerun.attribute(replay, norms, flagged[0])
             found.append({"check": "gradient", "rank": flagged[0], "step": step, "verdict": verdict,
                           "checksum_named": odd, "norm_flagged": flagged})
-            replay(0, apply=True, clean=True)              # again without the fault (device drained)
+            if verdict == "transient":
+                replay(0, update=True)                       # again: the fault does not come back
+            elif verdict == "persistent":
+                replay(0, update=True, clean=True)           # without the faulty device
+            else:
+                sdc.restore(model, optimizer, before)        # a right result from bad data: skip the step
         if not flagged:
             for r in range(world):
                 seen[r].append(norms[r])
     mid = {k: sorted(v)[len(v) // 2] for k, v in cost.items()}
-    return {"found": found, "cost": mid, "checksum": sdc.checksum(model)}
+    return {"found": found, "cost": mid, "checksum": sdc.checksum(model), "effect": effect}
 
 
 def drill(faults=(("state-once", 1, 5),), steps: int = 8, world_size: int = 3, stream=None) -> dict:
@@ -134,6 +164,9 @@ def drill(faults=(("state-once", 1, 5),), steps: int = 8, world_size: int = 3, s
         reports.append({"fault": kind, "flip_rank": r, "flip_step": s, "detected_rank": hit["rank"],
                         "detected_step": hit["step"], "verdict": hit["verdict"], "check": hit["check"],
                         "checksum_named": hit["checksum_named"], "norm_flagged": hit["norm_flagged"]})
+    effect = {k: v for r in out for k, v in r["effect"].items()}
+    for report in reports:
+        report["norm_change"] = effect.get(report["fault"])         # the fault's relative change of the norm
     return {"faults": reports, "findings": len(res["found"]), "cost": res["cost"],
             "agree_at_end": len({r["checksum"] for r in out}) == 1}
 
