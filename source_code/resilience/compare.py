@@ -17,7 +17,8 @@ at equal time after the kill (both back at full batch). The model is fixed and t
 lesson is the failures); ``--step-seconds`` stands in for a bigger model's step time. Then the
 corruption drill (sdc_drill.py): bits flipped in one replica's state (found by the checksums)
 and in one rank's gradient (the checksums agree; found by the gradient check and a replay on
-the same device, then on another), each attributed. The last line:
+the same device, then on another), each attributed, and a low bit of one gradient element,
+which neither check sees. The last line:
 ``summary: ft_steps_lost=0 restart_steps_lost=B ft_discarded_steps=D ft_samples_lost=F
 restart_samples_lost=R ft_samples_thrown_away=G restart_samples_thrown_away=H heal_bitwise_equal=1
 sdc_detected_rank=1 sdc_compute_fault_detected=1 sdc_small_fault_found=0 ...``;
