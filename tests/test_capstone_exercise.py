@@ -51,6 +51,13 @@ def count_over_world(model, x, y, mesh):          # the reductions right, the co
     return loss
 
 
+def over_world(model, x, y, mesh):                # count and gradients over every rank of the job
+    loss = _forward(model, x, y, mesh, world_count=True)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    return loss
+
+
 def over_dp_only(model, x, y, mesh):
     loss = _forward(model, x, y, mesh)
     for p in model.parameters():
@@ -94,30 +101,37 @@ from source_code.capstone.loss import global_token_loss
 from source_code.capstone.runner import piece
 from source_code.context_parallel.comm import Ring
 
-TOKEN_DIMS = ("dp", "cp")
+import functools
+
+TOKEN_DIMS = ["dp", "cp"]
+SKIP = {"dims": set()}
 
 
-def add_over(tensor, mesh):
-    for dim in TOKEN_DIMS:
-        dist.all_reduce(tensor, group=mesh[dim].get_group())
+def add_over(tensor, mesh, dims):
+    for dim in dims:
+        if dim not in SKIP["dims"]:
+            dist.all_reduce(tensor, group=mesh[dim].get_group())
     return tensor
+
+
+add_all = functools.partial(add_over, dims=TOKEN_DIMS)
 
 
 def train_step(model, x, y, mesh):
     ring = Ring(mesh["cp"].get_group())
     xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
     ys = my_tokens(ys, ring)
-    loss = global_token_loss(cp_logits(model, xs, ring), ys, add_over((ys != -100).sum(), mesh))
+    loss = global_token_loss(cp_logits(model, xs, ring), ys, add_all((ys != -100).sum(), mesh))
     loss.backward()
     for p in model.parameters():
-        add_over(p.grad, mesh)
+        add_all(p.grad, mesh)
     return loss
 """
 
 
 def notebook_function(tmp_path):
-    """A correct step written as a notebook would: helper function and constant defined beside it
-    (module "__main__", nothing importable)."""
+    """A correct step written as a notebook would: a helper function, a partial of it, a list
+    and a dict of sets defined beside it (module "__main__", nothing importable)."""
     path = tmp_path / "cell.py"
     path.write_text(HELPERS)
     namespace = {"__name__": "__main__"}
@@ -128,13 +142,14 @@ def notebook_function(tmp_path):
 def test_reference_passes_and_wrong_answers_are_named(tmp_path):
     got = exercises.diagnose([train_step, one_flat_all_reduce, notebook_function(tmp_path),
                               exercises.handed_step, over_dp_only, over_cp_only, averaged,
-                              local_count, raises, count_over_world])
+                              local_count, raises, count_over_world, over_world])
     for ok, line in got[:3]:
         assert ok and line.startswith("correct"), line
     expected = [("wrong where it is", "every parameter but layers.*.attn.wk.weight"),
                 ("wrong where it is", "every parameter;"), ("on its own samples alone",),
                 ("divided by the number of ranks",), ("on every mesh",), ("forgot the groups",),
-                ("inside a larger job", "0.5 x one process's")]
+                ("inside a larger job", "0.5 x one process's"),
+                ("inside a larger job", "hold gradients of other weights")]
     for (ok, line), words in zip(got[3:], expected, strict=True):
         assert not ok and "\n" not in line and all(w in line for w in words), (words, line)
 
@@ -153,3 +168,19 @@ def test_unfinished_exercise_says_so_in_one_line():
         raise NotImplementedError
     line = exercises.check_train_step(train_step)
     assert line.startswith("not done yet") and "\n" not in line, line
+
+
+def test_portable_carries_plain_values_and_partials_not_notebook_objects(tmp_path):
+    from source_code.capstone.portable import portable, rebuild
+    fn = notebook_function(tmp_path)
+    source, name, found = portable(fn)
+    kinds = {key: what[0] for key, what in found.items()}
+    assert kinds["SKIP"] == "value" and kinds["add_all"] == "partial", kinds   # a dict of a set; a partial
+    assert kinds["add_over"] == "source" and kinds["dist"] == "module" and kinds["piece"] == "attr", kinds
+    again = rebuild(source, name, found)
+    assert again.__globals__["add_all"].keywords == {"dims": ["dp", "cp"]}
+    namespace = {"__name__": "__main__"}
+    path = tmp_path / "cls.py"
+    path.write_text("class Box:\n    pass\n\nBOX = Box()\n\ndef f():\n    return BOX\n")
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    assert "BOX" not in portable(namespace["f"])[2]      # an object of the notebook's own class

@@ -18,7 +18,9 @@ trains) and names the runner that trains it. The runners combine:
 * any of context (cp), tensor (tp) and data parallelism (runners_3d.dp_tp_cp);
 * expert parallelism (ep) with data parallelism (the MoE model).
 
-Not here: pipeline x context parallelism, expert x tensor, pipeline or context parallelism.
+Refused, as no runner here trains them: pipeline with context parallelism; expert parallelism
+with any model-parallel kind (tensor, pipeline or context); a ZeRO stage (--zero 1-3) with a
+model-parallel kind, but for FSDP2 (--zero 3) with tensor parallelism.
 ``run`` trains the configuration in ``world`` CPU processes from the seed checkpoint on the
 same global batches as one process and compares. Under torchrun (or srun) the processes of
 the launch are the world, on as many nodes as it has: every rank writes the seed checkpoint

@@ -10,9 +10,7 @@ passes around the group::
     tokens (b, T) -> mine (b, T/n) -> embeddings at their true positions -> blocks with
     ring attention -> logits (b, T/n, vocab) of my tokens
 
-The gradients of a rank cover its tokens only: they must be SUMMED over the group (and over
-the data-parallel group), the loss of each rank being its summed cross-entropy / the global
-number of valid targets. As notebook 13's ``model_step.cp_logits``, with the heads counted
+As notebook 13's ``model_step.cp_logits``, with the heads counted
 from the projections' output (-1), as models.Attention does, so that the same forward runs
 on a tensor-parallel rank's heads (DP x TP x CP).
 """

@@ -66,6 +66,20 @@ def zigzag_counts(y, cp: int = 2) -> list[int]:
     return [int((layout.shard(y, r, cp, LAYOUT, dim=1) != -100).sum()) for r in range(cp)]
 
 
+def cp_layout(cp: int = 2) -> dict:
+    """What the context-parallel case's batch holds: {"per_sample": valid targets of each EQUAL
+    sample, "kept": the positions sample 0 keeps, "predicted": (first, last) position the sort
+    task predicts, "chunks": valid targets of each zigzag rank, "chunks_prompt": the same with
+    every predicted position kept (the prompt masked, no padded tail)}."""
+    _, y = uneven_batch(EQUAL)
+    _, y_full = uneven_batch(FULL)
+    predicted = (y_full[0] != -100).nonzero().flatten().tolist()
+    return {"per_sample": (y != -100).sum(1).tolist(),
+            "kept": (y[0] != -100).nonzero().flatten().tolist(),
+            "predicted": (predicted[0], predicted[-1]),
+            "chunks": zigzag_counts(y, cp), "chunks_prompt": zigzag_counts(y_full, cp)}
+
+
 def grads(named) -> dict:
     return {n: p.grad.clone() for n, p in named}
 

@@ -5,8 +5,8 @@
   stages driven by torch's ScheduleGPipe over "pp" (pipeline3d.make_schedule: scale_grads off),
   each stage's gradients summed over "dp" in one flat buffer (pipeline3d.all_reduce_grads);
 * "DP x TP x CP" (``dp_tp_cp``): a (dp, cp, tp) mesh, the blocks tensor-parallel on "tp", ring
-  attention over "cp" on this rank's heads (cp_model), the gradients (their local shards)
-  summed over "dp" x "cp" flattened into one group: the ranks that hold other tokens.
+  attention over "cp" on this rank's heads (cp_model); its reductions are the answer to the
+  notebook's exercise (notebook 19, section 4: try it before reading ``dp_tp_cp``).
 
 Both take any sizes (a size of 1 drops that kind), so choose.py builds every combination it
 accepts from them. The mesh puts tensor parallelism innermost (the ranks of one node on a
@@ -68,7 +68,7 @@ def dp_tp_cp(spec: Spec, dp: int = 2, tp: int = 2, cp: int = 2) -> Runner:
     if tp > 1:
         apply_tp(model, grid["tp"])
     ring = Ring(grid["cp"].get_group())
-    others = flat_group(grid, ("dp", "cp"))           # every rank holding other tokens
+    others = flat_group(grid, ("dp", "cp"))
     opt = make_optimizer(model.parameters(), spec.lr)
 
     def step(x, y):
@@ -76,7 +76,7 @@ def dp_tp_cp(spec: Spec, dp: int = 2, tp: int = 2, cp: int = 2) -> Runner:
         ys = my_tokens(ys, ring)                                       # my tokens of them
         loss = global_token_loss(cp_logits(model, xs, ring), ys, global_token_count([ys], others))
         loss.backward()
-        sum_gradients(model.parameters(), others)     # the other samples' and tokens' parts
+        sum_gradients(model.parameters(), others)
         opt.step()
         opt.zero_grad()
         return report(loss, others)

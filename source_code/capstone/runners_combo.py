@@ -7,8 +7,9 @@
 * "PP x DP": two 2-stage 1F1B pipelines (own schedule), each on half the samples, each
   stage's gradients summed with its copy in the other pipeline.
 
-The count of valid targets is summed over the ranks that hold other tokens: "dp" (and "cp");
-the tensor-parallel and pipeline ranks of one data-parallel copy read the same tokens.
+The count of valid targets is summed over the ranks that hold other tokens: "dp" (and "cp";
+"dp" x "ep" in EP x DP, whose expert-parallel ranks hold other samples); the tensor-parallel
+and pipeline ranks of one data-parallel copy read the same tokens.
 """
 from __future__ import annotations
 

@@ -31,18 +31,9 @@ from source_code.ddp_internals.naive import NaiveDDP
 from source_code.mesh.reference import make_optimizer
 from source_code.sharding import own_fsdp
 from source_code.sharding.fsdp import shard_model
-from source_code.sharding.zero import ZeroAdamW
+from source_code.sharding.zero import ZeroOptimizer
 
 MICRO = 2                 # microbatches per rank of "DDP + accumulation"
-
-
-class ZeroSGD(ZeroAdamW):
-    """ZeRO-1/2 by hand (sharding/zero.py) whose sharded optimizer is SGD with momentum, the
-    optimizer of every configuration here (the one-process reference of mesh/reference.py)."""
-
-    def __init__(self, model, stage: int, lr: float):
-        super().__init__(model, stage=stage, lr=lr)
-        self.inner = make_optimizer(self.shards, lr)    # the momentum of this rank's chunks only
 
 
 def one_process_pieces(spec: Spec, pieces: int = 4) -> Runner:
@@ -154,7 +145,8 @@ def _averaging(spec: Spec, model, opt, weights) -> Runner:
 
 def zero(spec: Spec, stage: int) -> Runner:
     model = seed.load_seed(spec.path, dtype=spec.dtype)
-    return _averaging(spec, model, ZeroSGD(model, stage, spec.lr), lambda: full_weights(model))
+    opt = ZeroOptimizer(model, stage, make_optimizer, lr=spec.lr)   # SGD's momentum: my chunks only
+    return _averaging(spec, model, opt, lambda: full_weights(model))
 
 
 def own_zero3(spec: Spec) -> Runner:

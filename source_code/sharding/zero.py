@@ -11,7 +11,8 @@ ZeRO removes the duplication of the states that are only needed by the optimizer
   ready (a post-accumulate-grad hook), so a rank keeps only the gradient of its chunks.
 
 The chunk bookkeeping and the collectives are in comm.py; the optimizer arithmetic is torch's
-AdamW, run on this rank's chunks, so the result equals AdamW on one process.
+AdamW (or another torch optimizer, ``ZeroOptimizer(model, stage, torch.optim.SGD, lr=...)``),
+run on this rank's chunks, so the result equals that optimizer on one process.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.parity   # checks it
 """
@@ -24,13 +25,14 @@ from torch import nn
 from source_code.sharding import comm
 
 
-class ZeroAdamW:
-    """AdamW whose state is split across ranks: ``ZeroAdamW(model, stage=1 or 2, lr=...)``.
+class ZeroOptimizer:
+    """A torch optimizer whose state is split across ranks:
+    ``ZeroOptimizer(model, stage=1 or 2, optimizer=torch.optim.SGD, lr=..., momentum=...)``.
 
     Use it like an optimizer: forward, backward, ``step()``, ``zero_grad()``.
     """
 
-    def __init__(self, model: nn.Module, stage: int = 1, **adamw_kwargs):
+    def __init__(self, model: nn.Module, stage: int = 1, optimizer=torch.optim.AdamW, **optimizer_kwargs):
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 or 2, not {stage}")
         self.stage = stage
@@ -41,8 +43,8 @@ class ZeroAdamW:
             lo, hi = comm.owned_range(p.numel(), self.world, self.rank)
             # (hi - lo,) a view of p's own storage: updating the shard updates p, no copy kept
             self.shards.append(nn.Parameter(p.detach().view(-1)[lo:hi]))
-        # the Adam state (exp_avg, exp_avg_sq) is created for the shards only: 2P/N per rank
-        self.inner = torch.optim.AdamW(self.shards, **adamw_kwargs)
+        # the optimizer's state (AdamW's exp_avg, exp_avg_sq) is created for the shards only
+        self.inner = optimizer(self.shards, **optimizer_kwargs)
         if stage == 2:
             for p, shard in zip(self.params, self.shards):
                 p.register_post_accumulate_grad_hook(self._reduce_scatter_hook(shard))
@@ -62,7 +64,7 @@ class ZeroAdamW:
                 comm.all_reduce_mean_(p.grad)             # (n,) full mean gradient, as DDP
                 lo, hi = comm.owned_range(p.numel(), self.world, self.rank)
                 shard.grad = p.grad.view(-1)[lo:hi]       # (hi - lo,) a view, no copy
-        self.inner.step()                                 # AdamW on this rank's chunks only
+        self.inner.step()                                 # the optimizer on this rank's chunks only
         for p, shard in zip(self.params, self.shards):
             comm.all_gather_into_(p.data, shard)          # everyone gets every updated chunk
 
@@ -72,3 +74,11 @@ class ZeroAdamW:
 
     def state_dict(self) -> dict:
         return self.inner.state_dict()
+
+
+class ZeroAdamW(ZeroOptimizer):
+    """AdamW whose state is split across ranks: ``ZeroAdamW(model, stage=1 or 2, lr=...)``
+    (2P/N numbers of Adam state per rank)."""
+
+    def __init__(self, model: nn.Module, stage: int = 1, **adamw_kwargs):
+        super().__init__(model, stage, torch.optim.AdamW, **adamw_kwargs)

@@ -14,7 +14,8 @@ from source_code.context_parallel.comm import Ring
 
 def train_step(model, x, y, mesh):
     """The handed step with the count and every gradient summed over dp AND cp only (the ranks
-    holding other tokens; not the whole world, where other ranks may hold the same tokens):
+    holding other tokens; not the whole world, where other ranks may hold the same tokens and
+    other weights, as tensor-parallel ranks hold other shards):
     each layer of a context-parallel rank (embeddings, norms, MLPs, head, not only attention)
     computed on its tokens alone, so every gradient holds only its tokens' part."""
     dp_group, cp_group = mesh["dp"].get_group(), mesh["cp"].get_group()
