@@ -79,6 +79,7 @@ def pytest_sessionfinish(session):
 NOTEBOOK_BUDGET_S = 120  # design.md: every notebook under 2 minutes on 2 CPU cores
 _durations: dict[str, float] = {}
 _cpu: dict[str, float] = {}
+_where: dict[str, tuple[str, float]] = {}
 _START = pytest.StashKey[float]()
 
 
@@ -136,6 +137,10 @@ def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
     cpu = sum(v for k, v in report.user_properties if k == "cpu_s")
     _cpu[report.nodeid] = _cpu.get(report.nodeid, 0.0) + cpu
+    if report.when == "setup":   # when and where it ran: which worker, seconds since the epoch
+        node = getattr(report, "node", None)
+        _where[report.nodeid] = (getattr(getattr(node, "gateway", None), "id", "main"),
+                                 getattr(report, "start", 0.0))
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -144,9 +149,10 @@ def pytest_terminal_summary(terminalreporter, config):
     the ten slowest tests."""
     if not _durations or hasattr(config, "workerinput"):
         return
-    if os.environ.get("WORKSHOP_TIMES_JSON"):   # every test's (wall, cpu), for a closer look
+    if os.environ.get("WORKSHOP_TIMES_JSON"):   # every test's (wall, cpu, worker, start), for a closer look
         with open(os.environ["WORKSHOP_TIMES_JSON"], "w") as f:
-            json.dump({k: (v, _cpu.get(k, 0.0)) for k, v in _durations.items()}, f, indent=0)
+            json.dump({k: (v, _cpu.get(k, 0.0), *_where.get(k, ("?", 0.0))) for k, v in _durations.items()},
+                      f, indent=0)
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
     for nodeid, seconds in _durations.items():
