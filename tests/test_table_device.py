@@ -47,13 +47,12 @@ def test_scaling_runs_every_process_count_on_one_device(monkeypatch, machine, co
     machine(count)
     launches = []
 
-    def fake_torchrun(module, *args, nproc=2, device=None, **kwargs):
+    def fake_spawn(fn, nproc, argv, device=None, **kwargs):
         launches.append((nproc, device))
-        per_rank = 64 if "--per-rank-batch" in args else 64 // nproc
-        out = (f"summary: world_size={nproc} global_batch={per_rank * nproc} per_rank_batch={per_rank} "
-               f"samples_per_s={1000.0 * nproc}\n")
-        return subprocess.CompletedProcess([module], 0, out)
-    monkeypatch.setattr(processes, "torchrun", fake_torchrun)
+        per_rank = 64 if "--per-rank-batch" in argv else 64 // nproc
+        return [{"world_size": nproc, "global_batch": per_rank * nproc, "per_rank_batch": per_rank,
+                 "samples_per_s": 1000.0 * nproc}] * nproc
+    monkeypatch.setattr(processes, "spawn", fake_spawn)
     result = scaling.run((1, 2, 4), batch=64, steps=2)
     assert {d for _, d in launches} == {device} and sorted({n for n, _ in launches}) == [1, 2, 4]
     assert scaling.table(result).splitlines()[0] == result["device"]

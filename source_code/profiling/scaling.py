@@ -20,7 +20,7 @@ from source_code import processes
 from source_code.cli import Parser, positive_int
 from source_code.errors import LaunchError, run_main
 from source_code.measure import table_device
-from source_code.training.loop import parse_summary
+from source_code.profiling import throughput
 
 
 def strong_efficiency(t_1: float, t_n: float, n: int) -> float:
@@ -39,11 +39,13 @@ def throughput_efficiency(thr_1: float, thr_n: float, n: int) -> float:
 
 
 def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=(), repeats: int = 1) -> dict:
-    """Launch throughput.py for every process count, strong (global batch ``batch``) and weak
-    (``batch`` per process), all on one kind of device; returns {"strong": {n: summary},
-    "weak": {n: summary}, "device": "device: ... (why)"}. With ``repeats`` > 1 every run is
+    """Measure throughput.py's DDP step for every process count, strong (global batch ``batch``)
+    and weak (``batch`` per process), all on one kind of device; returns {"strong": {n: result},
+    "weak": {n: result}, "device": "device: ... (why)"}. With ``repeats`` > 1 every run is
     made that many times, the rounds interleaved, and the fastest of each kept: a run slowed by
-    another program on a shared machine then does not stand for its process count."""
+    another program on a shared machine then does not stand for its process count. The ranks
+    fork from the fork server (processes.spawn): fresh processes, as torchrun's, that start in
+    a fraction of a second, so a round costs its steps, not its launches."""
     device, line = table_device(procs)
     out: dict = {"strong": {}, "weak": {}, "device": line}
     for n in procs:
@@ -54,9 +56,9 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=(), repeats: int =
             for kind, flag in (("weak", "--per-rank-batch"), ("strong", "--global-batch")):
                 if n == 1 and kind == "strong":
                     continue  # one process: strong and weak are the same run
-                res = processes.torchrun("source_code.profiling.throughput", flag, batch, "--steps", steps,
-                                         "--quiet", *extra, nproc=n, timeout=300, device=device)
-                s = parse_summary(res.stdout)
+                s = processes.spawn(throughput.measure_spawned, n,
+                                    [flag, batch, "--steps", steps, "--quiet", *extra],
+                                    timeout=300, device=device)[0]
                 if n not in out[kind] or s["samples_per_s"] > out[kind][n]["samples_per_s"]:
                     out[kind][n] = s
     out["strong"][procs[0]] = out["weak"][procs[0]]

@@ -80,7 +80,7 @@ def summary(r: dict) -> str:
             f"data_wait_share={r['data_wait_share']:.3f}")
 
 
-def main(argv=None):
+def parser() -> Parser:
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--per-rank-batch", type=positive_int, default=64,
                    help="samples per process per step (weak scaling: the global batch grows)")
@@ -94,9 +94,31 @@ def main(argv=None):
     p.add_argument("--width", type=positive_int, default=32, help="SmallCNN width (compute per sample)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--out", type=writable_path, default="", help="also write rank 0's result as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def measure_spawned(argv) -> dict:
+    """``measure`` on a rank started by ``processes.spawn`` (the process group already formed):
+    the flags of the command line, as a list; rank 0 prints the summary line. A rank forks from
+    the fork server, which has imported torch once: a short measurement costs a fraction of a
+    second to start instead of a torchrun launch's seconds."""
+    from source_code.distributed import context
+    args = check(parser().parse_args([str(a) for a in argv]))
+    torch.set_num_threads(1)
+    result = measure(context(), args)
+    if result["rank"] == 0:
+        print(summary(result), flush=True)
+    return result
+
+
+def check(args):
     if args.warmup == 0 and args.workers:
         raise LaunchError("error: --workers needs --warmup >= 1 (worker start-up is not throughput)")
+    return args
+
+
+def main(argv=None):
+    args = check(parser().parse_args(argv))
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
         result = measure(ctx, args)
