@@ -1,0 +1,92 @@
+"""The pages for a course at an HPC centre (notebooks/PRE_COURSE_MESSAGE.md, LAB_ON_A_CLUSTER.md,
+SLOW_QUEUE.md, COURSE_DAY.md) say what the code does: the readiness row they name, the site
+profiles' test partitions and limits, the site step's --test, the job scripts' time limits, and
+the notebooks' sections that COURSE_DAY.md's cuts name. Cheap: no process is started."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from source_code import readiness
+from source_code.launch import site_profiles, site_step
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+PAGES = ["PRE_COURSE_MESSAGE.md", "LAB_ON_A_CLUSTER.md", "SLOW_QUEUE.md", "COURSE_DAY.md"]
+SITES = [s for s in site_profiles.sites() if not s.startswith("local")]
+
+
+def text(name):
+    return (NOTEBOOKS / name).read_text()
+
+
+@pytest.mark.parametrize("name", PAGES + ["START_HERE.md"])
+def test_every_link_of_a_page_reaches_a_file(name):
+    links = [link for link in re.findall(r"\]\(([^)#\s]+)", text(name)) if "://" not in link]
+    missing = [link for link in links if not (NOTEBOOKS / link).resolve().exists()]
+    assert not missing, f"{name}: {missing}"
+
+
+def test_start_here_links_the_participants_pages():
+    start = text("START_HERE.md")
+    for page in ["PRE_COURSE_MESSAGE.md", "LAB_ON_A_CLUSTER.md", "SLOW_QUEUE.md"]:
+        assert f"]({page})" in start, page
+
+
+def test_the_pages_name_the_readiness_row_that_warns_on_a_login_node():
+    assert "where notebooks run" in readiness.CHECKS
+    for page in ["PRE_COURSE_MESSAGE.md", "LAB_ON_A_CLUSTER.md", "COURSE_DAY.md"]:
+        assert "`where notebooks run`" in text(page), page
+    assert "make check" in text("PRE_COURSE_MESSAGE.md")
+
+
+def _minutes(limit: str) -> int:
+    return site_step.minutes(limit)
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_the_test_partition_table_is_the_site_profiles(site):
+    profile = site_profiles.load(site)
+    row = next(ln for ln in text("SLOW_QUEUE.md").splitlines()
+               if ln.lower().startswith(f"| {site} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == f"`{profile.partition_test}`", row
+    nodes, limit = next((n, t) for part, n, t in profile.limits if part == profile.partition_test)
+    assert _minutes(limit) == profile.test_max_minutes
+    stated = cells[2]
+    minutes = re.search(r"(\d+) (min|h)\b", stated)
+    assert minutes and int(minutes.group(1)) * (60 if minutes.group(2) == "h" else 1) == profile.test_max_minutes, row
+    assert re.search(rf"\b{nodes} nodes?\b", stated), row
+    # the site step with --test moves the shell there, and refuses a time the partition does not take
+    pairs = dict(site_step.exports(site, account="project_x", test=True))
+    assert pairs["SBATCH_PARTITION"] == profile.partition_test
+    with pytest.raises(site_profiles.ProfileError, match="takes at most"):
+        site_step.exports(site, test=True, time=f"{profile.test_max_minutes + 1}")
+
+
+def test_every_job_script_fits_every_test_partition_as_the_page_says():
+    limits = [_minutes(m) for p in sorted((ROOT / "slurm").glob("*.slurm"))
+              for m in re.findall(r"^#SBATCH --time=(\S+)", p.read_text(), re.M)]
+    stated = re.search(r"Every job script asks for at most (\d+) minutes", text("SLOW_QUEUE.md"))
+    assert limits and stated and max(limits) == int(stated.group(1)), (limits, stated)
+    assert max(limits) <= min(site_profiles.load(s).test_max_minutes for s in SITES)
+
+
+def test_the_cuts_name_sections_the_notebooks_have():
+    rows = re.findall(r"^\s*\| (\d\d) \| ([^|]+) \| ([^|]+) \|$", text("COURSE_DAY.md"), re.M)
+    assert len(rows) >= 10, rows
+    for number, keep, cut in rows:
+        path = next(NOTEBOOKS.glob(f"{number}_*.ipynb"))
+        heads = {}
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "markdown":
+                for m in re.finditer(r"^## (\d+)\. (.*)$", "".join(cell["source"]), re.M):
+                    heads[int(m.group(1))] = m.group(2)
+        named = set()
+        for a, b in re.findall(r"\b(\d{1,2})(?:-(\d{1,2}))?\b", keep + " " + cut.split("the later")[0]):
+            named |= set(range(int(a), int(b or a) + 1))
+        assert named and named <= set(heads), (number, sorted(named - set(heads)))
+        for ex in re.findall(r"\b(\d{1,2}) \(the exercises?\)|\b(\d{1,2}): the exercises?", keep):
+            n = int(ex[0] or ex[1])
+            assert "xercise" in heads[n], (number, n, heads[n])
