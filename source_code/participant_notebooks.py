@@ -3,6 +3,7 @@ the cells that run the reference solutions left out.
 
     make participant-notebooks                                  # into participant-notebooks/
     python -m source_code.participant_notebooks --out /course/notebooks
+    python -m source_code.participant_notebooks --repository --out /course/workshop
 
 An instructor hands this set out (or copies it into the course's shared directory) instead of
 notebooks/: every other cell keeps its stored outputs and figures, so a participant can read a
@@ -11,8 +12,16 @@ printed, and the collapsed cell that runs the reference solution through the sam
 replaced by a one-line note, as is a later cell that needs what only that cell defined (06 runs
 the reference line on the cluster). The check functions stay in source_code/ (they never
 import the solutions).
-START_HERE.md comes along. The folder must not exist yet: nothing a participant wrote there is
-ever overwritten.
+START_HERE.md and the participants' pages it links come along. The folder must not exist yet:
+nothing a participant wrote there is ever overwritten.
+
+`--repository` builds what participants clone or copy instead of the instructor's repository:
+its files as git lists them, without the reference solutions (source_code/solutions/), the
+tests that run them, and the instructor's pages, with the participants' set as its notebooks/.
+Nothing a participant runs imports the solutions (the check functions never do; the cells that
+run them are the ones left out), so every notebook, `make venv`, `make check` and `make lab`
+work there as in the full repository; the instructor hands each solution out after its
+exercise (notebooks/INSTRUCTOR_NOTES.md says how).
 """
 from __future__ import annotations
 
@@ -20,6 +29,8 @@ import ast
 import json
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 from source_code.cli import Parser
@@ -27,7 +38,11 @@ from source_code.errors import LaunchError, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-ALSO = ["START_HERE.md"]
+# the participants' pages (START_HERE links them; COURSE_PLAN, COURSE_DAY, INSTRUCTOR_NOTES stay out)
+ALSO = ["START_HERE.md", "PRE_COURSE_MESSAGE.md", "LAB_ON_A_CLUSTER.md", "SLOW_QUEUE.md"]
+# what the participants' repository leaves out: the reference solutions, the tests that import
+# them, and the instructor's pages (its notebooks/ is the participants' set, built by build())
+LEFT_OUT = ("source_code/solutions/", "tests/", "conftest.py", ".ci/", "notebooks/")
 NOTE = ("*In the instructor's copy, a collapsed cell here runs the reference solution (or what "
         "needs it) through the same check.*")
 
@@ -82,8 +97,9 @@ def participant_copy(nb: dict) -> tuple[dict, int, int]:
     return {**nb, "cells": cells}, cleared, replaced
 
 
-def build(out: Path, sources: Path = NOTEBOOKS) -> list[str]:
-    """Write the set into ``out`` (which must not exist); one line per notebook."""
+def build(out: Path, sources: Path = NOTEBOOKS, links_from: Path | None = None) -> list[str]:
+    """Write the set into ``out`` (which must not exist); one line per notebook. Links of the
+    pages that leave the folder are rewritten as seen from ``links_from`` (default: ``sources``)."""
     if out.exists():
         raise LaunchError(f"error: {out} exists; choose another --out or move it away first "
                           f"(nothing a participant wrote is overwritten)")
@@ -98,8 +114,33 @@ def build(out: Path, sources: Path = NOTEBOOKS) -> list[str]:
         lines.append(f"{path.name}: {cleared} exercise cell(s) cleared, {dropped} cell(s) left to the instructor's copy")
     for name in ALSO:
         if (sources / name).exists():
-            (out / name).write_text(relink((sources / name).read_text(), sources, out))
+            (out / name).write_text(relink((sources / name).read_text(), links_from or sources, out))
     return lines
+
+
+def repository_files(root: Path = ROOT) -> list[str]:
+    """The repository's files, as git lists them: tracked, and new ones it does not ignore."""
+    try:
+        res = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        raise LaunchError(f"error: {root} is not a git clone; build the participants' repository from "
+                          f"the instructor's clone") from None
+    return sorted({f for f in res.stdout.split("\0") if f and (root / f).is_file()})
+
+
+def build_repository(out: Path, root: Path = ROOT) -> list[str]:
+    """The participants' repository in ``out`` (which must not exist): every file but LEFT_OUT,
+    the participants' set as its notebooks/."""
+    if out.exists():
+        raise LaunchError(f"error: {out} exists; choose another --out or move it away first "
+                          f"(nothing a participant wrote is overwritten)")
+    files = [f for f in repository_files(root) if not f.startswith(LEFT_OUT)]
+    for f in files:
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, out / f)
+    lines = build(out / "notebooks", root / "notebooks", links_from=out / "notebooks")
+    return lines + [f"{len(files)} files of the repository copied; left out: {', '.join(LEFT_OUT[:-1])}"]
 
 
 def relink(markdown: str, source_dir: Path, out: Path) -> str:
@@ -115,10 +156,13 @@ def main(argv=None) -> None:
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "participant-notebooks",
                    help="a folder that does not exist yet (default: participant-notebooks/)")
+    p.add_argument("--repository", action="store_true",
+                   help="the whole repository for participants, without the solutions and tests")
     args = p.parse_args(argv)
-    lines = build(args.out)
+    lines = (build_repository if args.repository else build)(args.out)
+    notebooks = sum(ln.endswith("left to the instructor's copy") for ln in lines)
     print("\n".join(lines))
-    print(f"participants' set: {args.out} ({len(lines)} notebooks)")
+    print(f"participants' {'repository' if args.repository else 'set'}: {args.out} ({notebooks} notebooks)")
 
 
 if __name__ == "__main__":
