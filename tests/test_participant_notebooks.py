@@ -122,3 +122,11 @@ def test_an_existing_folder_is_never_written_into(built):
     out, _ = built
     with pytest.raises(LaunchError, match="exists; choose another --out"):
         pn.build(out)
+
+
+def test_the_repository_needs_a_git_clone_and_a_new_folder(repository, tmp_path):
+    out, _ = repository
+    with pytest.raises(LaunchError, match="exists; choose another --out"):
+        pn.build_repository(out)
+    with pytest.raises(LaunchError, match="is not a git clone"):
+        pn.repository_files(tmp_path)
