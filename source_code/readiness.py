@@ -132,21 +132,24 @@ def check_slurm(args) -> str:
 
 
 def check_login_node(args) -> str:
-    """A login node is where sbatch is and no job is: Slurm sets SLURM_JOB_ID in every job, an
-    Open OnDemand or Jupyter-JSC lab on a compute node and an salloc/srun shell included. The
-    workshop's own local test cluster (make cluster-up) is the one machine where both hold and
-    the notebooks may still run: it is its own compute node."""
+    """A login node is where sbatch is and no job step is: slurmd sets SLURMD_NODENAME in a batch
+    script and in every srun task (an Open OnDemand or Jupyter-JSC lab on a compute node, an
+    `srun --pty bash` shell), salloc's shell on the login node has SLURM_JOB_ID but not it (the
+    sbatch, srun and salloc manuals). The workshop's local test cluster (make cluster-up) is the
+    one machine where the notebooks may still run: it is its own compute node."""
     from source_code.launch import jobs
-    host = socket.gethostname()
-    if os.environ.get("SLURM_JOB_ID"):
-        return f"inside Slurm job {os.environ['SLURM_JOB_ID']} on {host}: the notebooks may run here"
+    host, job = socket.gethostname(), os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("SLURMD_NODENAME"):
+        return f"compute node {os.environ['SLURMD_NODENAME']}, Slurm job {job}: the notebooks may run here"
     if not shutil.which("sbatch"):
         return f"no Slurm on {host} (a laptop or a lab server): the notebooks run here"
     if jobs.local_test_cluster():
         return "the workshop's local test cluster: this machine is its own compute node"
-    raise Warn(f"{host} looks like a login node (sbatch here, no SLURM_JOB_ID): never run the "
-               "multi-process notebooks here; open the lab on a compute node "
-               "(notebooks/LAB_ON_A_CLUSTER.md) and submit the sbatch lines from here")
+    where = (f"{host} is salloc's shell for job {job}, on the login node (its nodes are elsewhere: "
+             f"srun --pty bash gets onto one)" if job else
+             f"{host} looks like a login node (sbatch here, no Slurm job step)")
+    raise Warn(f"{where}: never run the multi-process notebooks here; open the lab on a compute "
+               "node (notebooks/LAB_ON_A_CLUSTER.md) and submit the sbatch lines from here")
 
 
 def check_disk(args) -> str:

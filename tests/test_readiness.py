@@ -62,15 +62,21 @@ def slurm_here(monkeypatch, tmp_path):
     monkeypatch.setattr(readiness.shutil, "which", lambda name: "/usr/bin/" + name)
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     monkeypatch.setattr(readiness.socket, "gethostname", lambda: "puhti-login11")
 
 
-def test_a_login_node_is_told_never_to_run_the_notebooks_there(slurm_here, capsys):
-    # a warning, not a failure: make check is meant to run on the login node too
+@pytest.mark.parametrize("salloc", [False, True])
+def test_a_login_node_is_told_never_to_run_the_notebooks_there(salloc, slurm_here, monkeypatch, capsys):
+    # a warning, not a failure: make check is meant to run on the login node too; salloc's shell
+    # has a job id but runs on the login node (no SLURMD_NODENAME: no job step there)
+    if salloc:
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert readiness.main(["--only", "where notebooks run"]) == 0
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if ln.startswith("where notebooks run"))
-    assert row.split()[3] == "WARN" and "puhti-login11 looks like a login node" in row, out
+    assert row.split()[3] == "WARN", out
+    assert ("puhti-login11 is salloc's shell for job 4242" if salloc else "puhti-login11 looks like a login node") in row
     assert "never run the multi-process notebooks here" in row and "LAB_ON_A_CLUSTER.md" in row
     assert out.rstrip().endswith("; 1 WARN row(s) to read"), out
 
@@ -79,8 +85,9 @@ def test_a_login_node_is_told_never_to_run_the_notebooks_there(slurm_here, capsy
 def test_a_compute_node_a_laptop_and_the_local_cluster_are_no_login_node(where, slurm_here, monkeypatch,
                                                                          capsys, tmp_path):
     from source_code.launch import jobs
-    if where == "a job on the same cluster":   # an OnDemand lab, an salloc shell: sbatch is there too
+    if where == "a job on the same cluster":   # an OnDemand lab, an srun shell: sbatch is there too
         monkeypatch.setenv("SLURM_JOB_ID", "4242")
+        monkeypatch.setenv("SLURMD_NODENAME", "r07g03")
     elif where == "a laptop":
         monkeypatch.setattr(readiness.shutil, "which", lambda name: None)
     else:
@@ -91,4 +98,4 @@ def test_a_compute_node_a_laptop_and_the_local_cluster_are_no_login_node(where, 
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if ln.startswith("where notebooks run"))
     assert row.split()[3] == "ok" and "WARN" not in out, out
-    assert where != "a job on the same cluster" or "inside Slurm job 4242" in row
+    assert where != "a job on the same cluster" or "compute node r07g03, Slurm job 4242" in row
