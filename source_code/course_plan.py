@@ -22,6 +22,10 @@ from source_code.errors import LaunchError, run_main
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PAGE = NOTEBOOKS / "COURSE_PLAN.md"
+# an `sbatch ...` line as printed in a notebook or the README: the job script's path or a --wrap
+# command, with the variables set before it (tests/test_sbatch_lines.py submits what it matches)
+SBATCH_LINE = re.compile(r"((?:[A-Z_]+=\S+\s+)*sbatch\s(?:[^`]*?--wrap\s+\"[^\"]*\"|"
+                         r".*?slurm/[\w./-]+\.(?:slurm|sh)\b[^`#]*))")
 TIME = re.compile(r"about (\d+) min(?:utes)? (?:in an )?instructor-led|instructor-led about (\d+) min")
 DAY_START, DAY_END = 9 * 60, 17 * 60
 # (clock time, minutes, what): a notebook that would run past a break by at most OVERRUN minutes
@@ -36,6 +40,13 @@ COURSES = {
     "three days": [["00", "01", "02", "03", "04", "05", "06", "07"], ["08", "09", "10", "11", "12", "13"],
                    ["14", "15", "16", "17", "18", "19"]],
 }
+
+
+def sbatch_lines(text: str) -> list[str]:
+    """The sbatch lines ``text`` prints (a cell's source, the README), continuation lines joined,
+    each with its spaces collapsed and its trailing punctuation left out."""
+    return [" ".join(m.group(1).split()).rstrip(" .,;")
+            for line in text.replace("\\\n", " ").splitlines() for m in SBATCH_LINE.finditer(line)]
 
 
 def readme_seconds() -> dict[str, float]:
@@ -70,7 +81,7 @@ def notebooks() -> dict[str, dict]:
         out[path.name[:2]] = {
             "title": "".join(cells[0]["source"]).splitlines()[0].lstrip("# ").split("·", 1)[-1].strip(),
             "file": path.name, "minutes": int(m.group(1) or m.group(2)), "run_s": run_s,
-            "jobs": any("sbatch slurm/" in "".join(c["source"]) for c in cells)}
+            "jobs": any(sbatch_lines("".join(c["source"])) for c in cells)}
     return out
 
 
@@ -143,10 +154,13 @@ def page() -> str:
             "the GPUs of a GPU node (`make gpu-smoke` checks those paths there). The sbatch lines "
             "the notebooks print are for the cluster: participants submit them from a login node, "
             "where the repository and its `.venv` (or the site's PyTorch module with "
-            "`PYTHON=python3`) are. When the course's queue is slow, submit them to the local "
-            "two-node cluster instead (`make cluster-up` on a machine where you are root: the "
-            "same sbatch lines run there), or show the stored outputs: every notebook is stored "
-            "executed, with its outputs and figures.", ""]
+            "`PYTHON=python3`) are; the notebooks themselves run on a compute node, never on a "
+            "login node ([LAB_ON_A_CLUSTER.md](LAB_ON_A_CLUSTER.md)). When the course's queue is "
+            "slow, move to the site's test partition ([SLOW_QUEUE.md](SLOW_QUEUE.md)), submit "
+            "them to the local two-node cluster instead (`make cluster-up` on a machine where you "
+            "are root: the same sbatch lines run there), or show the stored outputs: every "
+            "notebook is stored executed, with its outputs and figures. What to cut when the room "
+            "is behind, the helpers' roles and a feedback form: [COURSE_DAY.md](COURSE_DAY.md).", ""]
     return "\n".join(out)
 
 

@@ -42,3 +42,40 @@ def test_a_day_too_long_and_a_notebook_without_its_time_are_refused(tmp_path, mo
     monkeypatch.setattr(course_plan, "NOTEBOOKS", tmp_path)
     with pytest.raises(LaunchError, match="00_a.ipynb states no instructor-led time"):
         course_plan.notebooks()
+
+
+def test_the_sbatch_pattern_is_the_one_the_sbatch_lines_test_submits():
+    """The column "prints sbatch lines" reads the pattern tests/test_sbatch_lines.py submits (read
+    from its source: importing it would collect the cluster's lines)."""
+    import ast
+    tree = ast.parse((course_plan.NOTEBOOKS.parent / "tests" / "test_sbatch_lines.py").read_text())
+    call = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["SBATCH"])
+    assert ast.literal_eval(call.args[0]) == course_plan.SBATCH_LINE.pattern
+
+
+def _notebook(tmp_path, name, text):
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {},
+                     "source": [f"# {name[:2]} · A notebook\n", "Time: about 20 minutes instructor-led.\n"]},
+                    {"cell_type": "markdown", "metadata": {}, "source": [text]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / name).write_text(json.dumps(nb))
+
+
+def test_every_spelling_of_a_printed_sbatch_line_counts_and_prose_does_not(tmp_path, monkeypatch):
+    spellings = {
+        "00_wrap.ipynb": 'On the cluster: `sbatch --gres=gpu:1 --wrap "python -m source_code.memory.report"`.',
+        "01_vars.ipynb": "`FRAMEWORK=deepspeed LAUNCHER=srun sbatch --nodes 2 slurm/frameworks.slurm`",
+        "02_split.ipynb": "```bash\nsbatch --nodes 2 \\\n    slurm/ddp_multi_node.slurm --epochs 3\n```",
+        "03_prose.ipynb": "Slurm's `sbatch` queues a job script; `squeue --me` shows it.",
+        "04_path.ipynb": "The script is in slurm/ddp_single_node.slurm (read it first).",
+    }
+    for name, text in spellings.items():
+        _notebook(tmp_path, name, text)
+    monkeypatch.setattr(course_plan, "NOTEBOOKS", tmp_path)
+    jobs = {n: nb["jobs"] for n, nb in course_plan.notebooks().items()}
+    assert jobs == {"00": True, "01": True, "02": True, "03": False, "04": False}, jobs
+    assert course_plan.sbatch_lines(spellings["02_split.ipynb"]) == \
+        ["sbatch --nodes 2 slurm/ddp_multi_node.slurm --epochs 3"]
+    assert course_plan.sbatch_lines(spellings["00_wrap.ipynb"]) == \
+        ['sbatch --gres=gpu:1 --wrap "python -m source_code.memory.report"']
