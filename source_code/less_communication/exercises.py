@@ -3,7 +3,7 @@
 You write, in the notebook::
 
     def my_outer_step(global_params, local_params, outer_opt, average):
-        ...   # after H inner steps: update global_params and local_params in place
+        ...   # after H inner steps: update the tensors of global_params and local_params in place
 
 ``global_params``: the parameters of the last synchronisation (the outer optimizer
 ``outer_opt`` holds them); ``local_params``: this worker's parameters after its H inner steps;
@@ -118,13 +118,16 @@ def _simulate(step_fn, workers, lr, momentum, start, rounds):
     globs = [[t.clone() for t in start] for _ in range(workers)]
     locs = [[t.clone() for t in start] for _ in range(workers)]
     opts = [torch.optim.SGD(g, lr=lr, momentum=momentum, nesterov=momentum > 0) for g in globs]
-    seen = []
+    seen, tensors = [], [[id(t) for t in g + p] for g, p in zip(globs, locs)]
     for drift in rounds:
         with torch.no_grad():
             for loc, d in zip(locs, drift):
                 for p, step in zip(loc, d):
                     p.sub_(step)                          # H inner steps moved this worker
         _one_round(step_fn, globs, locs, opts)
+        if [[id(t) for t in g + p] for g, p in zip(globs, locs)] != tensors:
+            raise ExerciseFailed("a list now holds a new tensor: update the tensors in place (the model "
+                                 "and the outer optimizer hold the old ones, which did not change)")
         seen.append([([t.detach().clone() for t in g], [t.detach().clone() for t in p]) for g, p in zip(globs, locs)])
     return seen
 

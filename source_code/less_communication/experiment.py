@@ -60,8 +60,8 @@ def floors(task: str, seed: int) -> dict:
 
 def _trained(method: str, s: dict, start: dict, seed: int, progress: bool) -> dict:
     t0 = time.perf_counter()
-    # torch's hook is compared with ours step by step from the same Q (the notebook): the first
-    # TORCH_STEPS steps say it, a whole run would only add the drift that rounding amplifies
+    # torch's hook is compared with ours step by step from the same Q (the notebook) over its
+    # first TORCH_STEPS steps only: how far the two drift apart over a whole run is not measured
     steps = min(TORCH_STEPS, s["steps"]) if method.startswith("torch-") else None
     run = train(method, s, start, seed=seed, steps=steps)
     if progress:

@@ -83,24 +83,23 @@ def sweep(hs, losses, ddp_loss: float, bytes_ratio, name: str | None = None):
     return fig
 
 
-def bandwidth(terms: dict, alpha: float, compute_s: float, betas, name: str | None = None):
-    """Time to the target against the link's bandwidth (latency ``alpha``), one line per
-    method (``payoff.terms``); the crossovers are where two lines meet. Methods with the same
-    times at every bandwidth are drawn as one line that names them all (none hides another)."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    lines = {}
-    for m, t in terms.items():
-        times = tuple(payoff.seconds(t, links.Link("swept", alpha, b, ""), compute_s) for b in betas)
-        lines.setdefault(times, []).append(m)
-    for times, methods in lines.items():
-        ax.plot([b * 8 / 1e9 for b in betas], times, label=" = ".join(methods))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"link bandwidth (Gb/s), latency {alpha * 1e3:g} ms")
-    ax.set_ylabel("seconds to the target")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+def bandwidth(pairs: list, alpha: float, compute_s: float, betas, name: str | None = None):
+    """Time to the target against the link's bandwidth (latency ``alpha``): a panel per pair
+    {DDP with one optimizer: its terms, its contender: its terms} (``payoff.terms``), each pair
+    with its own target, so no line of one panel compares with another's; a crossover is where
+    a panel's two lines meet."""
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.5 * len(pairs), 3.6), squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        for m, t in pair.items():
+            times = [payoff.seconds(t, links.Link("swept", alpha, b, ""), compute_s) for b in betas]
+            ax.plot([b * 8 / 1e9 for b in betas], times, label=m)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"link bandwidth (Gb/s), latency {alpha * 1e3:g} ms")
+        ax.set_ylabel("seconds to the target")
+        ax.set_title(" against ".join(pair), fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     export(fig, name)
     return fig
-

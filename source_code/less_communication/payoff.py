@@ -3,9 +3,12 @@
 A run's quality comes from training here (its held-out loss at the steps where its workers
 agree, ``harness.train``); its time on a link from the link model. To reach a target a method
 needs n steps (``steps_to_target``: where its held-out loss curve, linear between evaluations,
-first comes down to the target; averaged over seeds by the caller); each of its steps sends on
-average M messages and B bytes per rank (its collectives as the run counted them, the bytes
-scaled to the model size asked for: ``terms``). Those n steps cost
+first comes down to the target; for local SGD and DiLoCo, whose workers agree only every H
+steps, the next synchronisation after that). Each of its steps sends on average M messages and
+B bytes per rank: its collectives as the run counted them, or as a larger model would make
+them (``at_size``: from that model's parameter shapes, a full all-reduce cut into DDP's 25 MB
+buckets, PowerSGD's r(n + m) numbers per matrix, each bucket three all-reduces; ``terms``).
+Those n steps cost
 
     T = n (c + M alpha + B / beta)
 
@@ -17,7 +20,8 @@ only what exceeds the backward's time, ``BACKWARD_SHARE`` of c (4 of the 6 N T),
     T = n (c + mean over steps of max(0, M_s alpha + B_s / beta - BACKWARD_SHARE c))
 
 DiLoCo's synchronisation waits for the H inner steps' result: nothing hides it. ``table`` gives T for every method and link, ``winners`` the
-fastest per link. Two methods a and b take equally long on links of latency alpha where
+fastest per link (``first_on_every_seed``: the same on every seed, or none). PowerSGD's own
+compute (its matrix products and orthogonalisations) is not in c: the model charges it nothing. Two methods a and b take equally long on links of latency alpha where
 
     beta* = (B_a - B_b) / ((n_b - n_a) c + (M_b - M_a) alpha)         (totals over the n steps)
 
@@ -29,19 +33,64 @@ from __future__ import annotations
 
 import math
 
-from source_code.less_communication import links
+import torch
+
+from source_code.less_communication import compression, links
+from source_code.less_communication.harness import spec
+from source_code.models import TransformerLM
 
 BACKWARD_SHARE = 4 / 6      # of a step's 6 N T: the backward's 4 N T, the time DDP can hide buckets in
+BUCKET_BYTES = 25 * 2 ** 20     # DDP's default bucket_cap_mb=25
+BIG = {"vocab_size": 32000, "dim": 2048, "n_layers": 24, "n_heads": 16, "max_len": 2048}   # 1.34B
+
+
+def model_shapes(cfg: dict = BIG) -> list:
+    """The parameter shapes of a TransformerLM of ``cfg`` (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        return [tuple(p.shape) for p in TransformerLM(**cfg).parameters()]
 
 
 def steps_to_target(run: dict, target: float) -> float | None:
     """Steps the run trained (from its start) until its held-out loss, linear between its
-    evaluations, comes down to ``target``; None if it never does."""
+    evaluations, comes down to ``target``, rounded up to the next synchronisation for local SGD
+    and DiLoCo (an agreed model exists only every H steps); None if it never does."""
     evals, first = run["evals"], run["first"]
+    sp = spec(run["method"])
+    every = sp["every"] if sp["kind"] in ("local-sgd", "diloco") else 1
     for (s0, l0), (s1, l1) in zip(evals, evals[1:]):
         if l1 <= target:
-            return s0 - first + (s1 - s0) * (l0 - target) / (l0 - l1) if l0 > target else s0 - first
+            steps = s0 - first + (s1 - s0) * (l0 - target) / (l0 - l1) if l0 > target else s0 - first
+            return steps if every == 1 else every * math.ceil(steps / every)
     return None
+
+
+def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES) -> dict:
+    """``run`` with the collectives a model of parameter ``shapes`` makes in its steps: a full
+    all-reduce (4 bytes a parameter) becomes the big model's, cut into DDP's buckets for the DDP
+    methods (local SGD's and DiLoCo's synchronisation stays one all-reduce); a PowerSGD step
+    sends, per bucket, its share of the vectors, of P (r n per n x m matrix) and of Q (r m)."""
+    sp = spec(run["method"])
+    n_big = sum(math.prod(shape) for shape in shapes)
+    buckets = 1 if sp["local"] else math.ceil(4 * n_big / bucket_bytes)
+    full = [("all_reduce", 4 * n_big / buckets)] * buckets
+    compressed = []
+    if sp["rank"]:
+        r = sp["rank"]
+        mats = [(shape[0], math.prod(shape[1:])) for shape in shapes if compression.compressible(shape, r)]
+        vectors = n_big - sum(n * m for n, m in mats)
+        sent = (vectors, r * sum(n for n, _ in mats), r * sum(m for _, m in mats))
+        compressed = [("all_reduce", 4 * numbers / buckets) for numbers in sent] * buckets
+    out = []
+    for ops in run["ops"]:
+        if not ops:
+            out.append([])
+        elif len(ops) == 1 and ops[0][1] == 4 * run["params"]:
+            out.append(full)
+        elif compressed:
+            out.append(compressed)
+        else:
+            raise ValueError(f"{run['method']}: a step's collectives {ops} are neither a full all-reduce nor PowerSGD's")
+    return {**run, "ops": out, "params": n_big}
 
 
 def terms(run: dict, steps: float | None, scale: float = 1.0, overlap: bool = False) -> dict | None:
@@ -59,6 +108,22 @@ def terms(run: dict, steps: float | None, scale: float = 1.0, overlap: bool = Fa
     n = len(per_step)
     return {"steps": steps, "messages": steps * sum(m for m, _ in per_step) / n,
             "sent": steps * sum(b for _, b in per_step) / n, "per_step": per_step, "overlap": overlap}
+
+
+def method_terms(run: dict, steps: float | None, shapes: list) -> dict | None:
+    """``terms`` of ``run`` at the size of ``shapes`` (``at_size``); DDP and its hooks overlap
+    their buckets with the backward, local SGD's and DiLoCo's synchronisation does not."""
+    return terms(at_size(run, shapes), steps, overlap=not spec(run["method"])["local"])
+
+
+def first_on_every_seed(seed_tables: dict, methods) -> dict:
+    """{link: the method of ``methods`` first to the target on every seed's table, or None
+    where the seeds disagree}."""
+    out = {}
+    for name in next(iter(seed_tables.values())):
+        first = {winners({name: {m: tab[name][m] for m in methods}})[name] for tab in seed_tables.values()}
+        out[name] = first.pop() if len(first) == 1 else None
+    return out
 
 
 def seconds(t: dict | None, link, compute_s: float) -> float | None:

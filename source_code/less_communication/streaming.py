@@ -14,9 +14,9 @@ those of DiLoCo. Each fragment has its own outer optimizer. ``average`` may send
 issued asynchronously (``async_op=True``) and waited for tau inner steps later, so the link
 works while the workers compute::
 
-    step t:        delta = global_f - local_f;  work = all_reduce(delta, async_op=True)
+    step t:        the fragment's pseudo-gradient goes out: work = all_reduce(..., async_op=True)
     steps t+1..:   inner steps go on (local_f keeps training)
-    step t + tau:  work.wait(); outer step on global_f with delta / world
+    step t + tau:  work.wait(); the fragment's outer step (notebook 18's exercise)
                    local_f = mix * local_f + (1 - mix) * global_f
 
 ``mix`` is the paper's alpha (0.5 there): how much of the tau steps' local progress a worker

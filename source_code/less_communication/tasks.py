@@ -74,7 +74,7 @@ def train_set(task: str, seed: int) -> TensorDataset:
 
 
 def held_out_set(task: str, seed: int) -> TensorDataset:
-    return dataset(task, 256, seed + 1)
+    return dataset(task, 128, seed + 1)
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
