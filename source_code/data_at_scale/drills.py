@@ -6,6 +6,9 @@ hook, and a hang ends in a short collective timeout with one line per rank.
   with fewer shards finish first and wait at the epoch's end while the others wait in DDP's
   all-reduce; each rank reports where it stopped (``diagnose`` makes the one line);
 * ``join_and_pad``: the same shards under ``Join``, then the epoch split by sample and padded;
+  under ``Join`` the optimizer states are compared before and after ``loops.sync_optimizer``,
+  and what one more step on every rank does to the weights in each case; then each run's
+  weights against one process on the same global batches (``parity.one_process``);
 * ``resume``: the global cursor's loop for ``stop_after`` steps (or to the epoch's end) from
   the snapshot, if there is one; a snapshot with the cursor at the end.
 
@@ -13,19 +16,20 @@ Data: every rank reads the tar shards with WebDataset; the DDP model is model.bu
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 import traceback
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from source_code import checkpoint
 from source_code.distributed import cleanup
-from source_code.data_at_scale import cursor as cur, loops, model as mdl
+from source_code.profiling.hang import clean
+from source_code.data_at_scale import cursor as cur, loops, model as mdl, parity
 from source_code.data_at_scale.formats import as_array, load_shards
 
 
@@ -53,8 +57,8 @@ class Taken:
 
 
 def _ddp(seed: int):
-    model = DDP(mdl.build(dim=16, layers=1, seed=seed))   # small: the lesson is the data
-    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model = DDP(parity.build(seed)[0])                   # small: the lesson is the data
+    return model, torch.optim.AdamW(model.parameters(), lr=parity.LR)
 
 
 def _set_timeout(seconds: float) -> None:
@@ -71,7 +75,8 @@ def _stopped_in(exc: BaseException) -> str:
     return "barrier" if any(name.startswith("train_epoch") for name in frames) else "elsewhere"
 
 
-def _epoch_by_shard(urls, shards, batch, seed, joined: bool, timeout_s: float | None = None) -> dict:
+def _epoch_by_shard(urls, shards, batch, seed, joined: bool, timeout_s: float | None = None):
+    """One epoch of whole shards per rank: (what happened, the DDP model, its optimizer)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     found = load_shards(urls, split=True)                       # this rank's shards, read by WebDataset
     mine = cur.by_shard(shards, rank, world)
@@ -83,22 +88,27 @@ def _epoch_by_shard(urls, shards, batch, seed, joined: bool, timeout_s: float | 
     out = {"rank": rank, "batches": len(batches)}
     start = time.perf_counter()
     try:
-        out["steps"] = (loops.train_epoch_joined if joined else loops.train_epoch)(model, opt, batches)
+        if joined:   # the optimizer left as Join leaves it: compared, then synced, in join_and_pad
+            out["steps"] = loops.train_epoch_joined(model, opt, batches, resync_optimizer=False)
+        else:
+            out["steps"] = loops.train_epoch(model, opt, batches)
         out["hang"] = False
     except Exception as exc:  # DistBackendError / RuntimeError: the timeout, or a peer that left
         where = _stopped_in(exc)
-        out.update(hang=True, steps=batches.taken - (where == "step"), error=first_line(exc),
+        out.update(hang=True, steps=batches.taken - (where == "step"),
+                   error=f"{type(exc).__name__}: {clean(str(exc))[:160]}",
                    where={"step": f"DDP's gradient all-reduce of step {batches.taken}",
                           "barrier": "the barrier at the epoch's end"}.get(where, "an unknown place"))
     out["ids"] = batches.trained(out["steps"])   # what the completed steps trained
+    out["given"] = batches.given[:out["steps"]]  # the batches of those steps, pads included
     out["seconds"] = time.perf_counter() - start
-    return out
+    return out, model, opt
 
 
 def uneven(urls, shards, batch: int, timeout_s: float, seed: int = 0) -> dict:
     """Spawned: plain DDP on whole shards per rank, with a collective timeout of ``timeout_s`` set
     once every rank has built its DDP model (a loaded machine may start them seconds apart)."""
-    out = _epoch_by_shard(urls, shards, batch, seed, joined=False, timeout_s=timeout_s)
+    out, _, _ = _epoch_by_shard(urls, shards, batch, seed, joined=False, timeout_s=timeout_s)
     if out["hang"]:
         cleanup(barrier=False)   # a broken group: tear it down here, no barrier
     return out
@@ -106,22 +116,64 @@ def uneven(urls, shards, batch: int, timeout_s: float, seed: int = 0) -> dict:
 
 def join_and_pad(urls, shards, batch: int, seed: int = 0) -> dict:
     """Spawned: whole shards per rank under Join, then the epoch split by sample and padded."""
-    joined = _epoch_by_shard(urls, shards, batch, seed, joined=True)
-    rank, world = dist.get_rank(), dist.get_world_size()
     samples = as_array(load_shards(urls))
+    joined, model, opt = _epoch_by_shard(urls, shards, batch, seed, joined=True)
+    joined["params"] = parity.flat(model.parameters()).numpy()
+    joined.update(_optimizer_after_join(model, opt, joined["steps"], samples, joined["given"][0]))
+    rank, world = dist.get_rank(), dist.get_world_size()
     ids = cur.by_sample(cur.epoch_order(len(samples), 0, seed), rank, world, fix="pad")
     batches = Taken(samples, ids, batch)
     model, opt = _ddp(seed)
     steps = loops.train_epoch(model, opt, batches)
-    return {"joined": joined, "padded": {"rank": rank, "steps": steps, "ids": batches.trained(steps)}}
+    padded = {"rank": rank, "steps": steps, "ids": batches.trained(steps), "given": batches.given[:steps],
+              "params": parity.flat(model.parameters()).numpy()}
+    return {"joined": joined, "padded": padded, "one_process": _against_one_process(samples, joined, padded)}
 
 
-def first_line(exc: BaseException) -> str:
-    """The error's first line without its C++ source location."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if "] " in text and text.startswith("["):
-        text = text.split("] ", 1)[1]
-    return f"{type(exc).__name__}: {text[:160]}"
+# (run, how the one process weighs the samples): as the run should, and the other way
+CHECKS = [("joined", {}), ("joined", {"divide_by_initial_world": False}),
+          ("padded", {}), ("padded", {"pads_weigh_zero": False})]
+
+
+def _against_one_process(samples, joined: dict, padded: dict) -> dict:
+    """Each run's weights against one process on the same global batches (parity.one_process),
+    the checks of CHECKS shared out among the ranks: {"joined": largest difference, ...,
+    "joined_weighed_otherwise": ...}, the same dict on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batches = [None] * world
+    dist.all_gather_object(batches, {"joined": joined["given"], "padded": padded["given"]})
+    mine = {}
+    for k in range(rank, len(CHECKS), world):
+        run, how = CHECKS[k]
+        ref = parity.one_process(samples, [b[run] for b in batches], world, **how)
+        params = joined["params"] if run == "joined" else padded["params"]   # every rank's the same
+        mine[run + ("_weighed_otherwise" if how else "")] = float(abs(ref - params).max())
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return {key: value for part in every for key, value in part.items()}
+
+
+def _optimizer_after_join(model, opt, steps: int, samples, ids: list[int]) -> dict:
+    """The ranks' optimizer states as Join leaves them, then after ``loops.sync_optimizer``; and
+    in each case how far apart the ranks' weights are after one more step on every rank."""
+    def one_more_step() -> float:
+        loss = mdl.weighted_loss(model, *mdl.collate(samples, ids))
+        opt.zero_grad()
+        loss.backward()                      # every rank takes part: the same averaged gradient
+        opt.step()
+        return parity.spread(model.parameters())
+
+    state, count = parity.optimizer_state(opt)
+    out = {"optimizer_steps": count, "optimizer_spread": parity.spread(state)}
+    saved = copy.deepcopy(model.module.state_dict()), copy.deepcopy(opt.state_dict())
+    out["weights_spread"] = one_more_step()
+    model.module.load_state_dict(saved[0])
+    opt.load_state_dict(saved[1])
+    loops.sync_optimizer(opt, steps)
+    state, count = parity.optimizer_state(opt)
+    out.update(optimizer_steps_synced=count, optimizer_spread_synced=parity.spread(state),
+               weights_spread_synced=one_more_step())
+    return out
 
 
 def diagnose(reports: list[dict], timeout_s: float) -> list[str]:

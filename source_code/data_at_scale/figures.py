@@ -23,7 +23,7 @@ def layouts_figure(rows: list[dict]):
     right.set_xticks(list(x), names)
     right.set_ylabel("seconds per epoch")
     right.set_title("One reader's epoch")
-    right.legend()
+    right.legend(fontsize=8, loc="upper right")   # the loose files, tallest, stand on the left
     fig.tight_layout()
     return fig
 

@@ -30,15 +30,32 @@ def train_epoch(model, optimizer, batches) -> int:
     return steps
 
 
-def train_epoch_joined(model, optimizer, batches) -> int:
+def train_epoch_joined(model, optimizer, batches, resync_optimizer: bool = True) -> int:
     """The same under torch's Join: a rank out of batches answers the others' all-reduces with
     zeros until every rank is done. DDP keeps dividing by the world size it started with
     (its join hook's divide_by_initial_world_size=True), so every sample keeps the same weight
-    in the last steps too, which then move the weights less, having fewer samples."""
+    in the last steps too, which then move the weights less, having fewer samples.
+
+    At the end Join broadcasts the model of the last rank to finish, and nothing else: the
+    ranks that finished early skipped the last ``optimizer.step()``s, so their optimizer state
+    (AdamW's moments and step count) is behind. ``sync_optimizer`` gives them the same state."""
     with Join([model]):
         steps = run_batches(model, optimizer, batches)
+    if resync_optimizer:
+        sync_optimizer(optimizer, steps)
     dist.barrier()
     return steps
+
+
+def sync_optimizer(optimizer, steps: int) -> None:
+    """Every rank takes the optimizer state of the rank that finished last (the one whose model
+    Join broadcast: the most steps, the highest rank on a tie)."""
+    taken = [None] * dist.get_world_size()
+    dist.all_gather_object(taken, steps)
+    last = max(range(len(taken)), key=lambda r: (taken[r], r))
+    state = [optimizer.state_dict()]
+    dist.broadcast_object_list(state, src=last)
+    optimizer.load_state_dict(state[0])
 
 
 def train_from_cursor(model, optimizer, cursor, samples, rank: int, world: int,

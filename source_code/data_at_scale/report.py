@@ -45,6 +45,25 @@ def layouts(prep: dict) -> list[dict]:
     return rows
 
 
+def waits_by_sample_size(prep: dict, rows: list[dict], sizes=(10_000, 100_000)) -> list[dict]:
+    """The same epoch's counted requests with samples of ``sizes`` bytes: the loose files hold
+    ``size`` bytes each, the shards what WebDataset's ShardWriter writes per sample of that size
+    (one shard of the run's shard size written here and measured). Lustre's waiting, modelled."""
+    import numpy as np
+    by = {row["layout"]: row for row in rows}
+    n, per_shard = len(prep["samples"]), len(prep["shards"][0])
+    out = [{"sample_bytes": formats.SEQ_BYTES, "shard_bytes": by["shards"]["bytes"] / n,
+            "loose_s": by["loose"]["wait_s"], "shards_s": by["shards"]["wait_s"]}]
+    for size in sizes:
+        probe = Path(prep["root"]) / f"probe-{size}"
+        urls = formats.write_shards(np.zeros((per_shard, size), np.uint8), probe, per_shard)
+        per_sample = sum(os.path.getsize(u) for u in urls) / per_shard
+        out.append({"sample_bytes": size, "shard_bytes": per_sample,
+                    "loose_s": fsops.waiting(by["loose"]["requests"], n * size),
+                    "shards_s": fsops.waiting(by["shards"]["requests"], n * per_sample)})
+    return out
+
+
 def staging_costs(prep: dict) -> list[dict]:
     """Shards and loose files copied to a node-local directory: the copy against what it saves.
 
@@ -102,6 +121,12 @@ def join_and_pad(prep: dict) -> list[dict]:
     return processes.spawn(drills.join_and_pad, WORLD, prep["urls"], prep["shards"], LOCAL_BATCH, device="cpu")
 
 
+def join_parity(both: list[dict]) -> dict:
+    """Each run's weights against one process trained on the same global batches: as the run
+    should weigh them, and as it would if it weighed them the other way (drills.CHECKS)."""
+    return both[0]["one_process"]
+
+
 def resume(prep: dict) -> dict:
     """STOP_AFTER steps on WORLD ranks with a snapshot, then the rest of the epoch on RESUME_WORLD."""
     ckpt = str(Path(prep["root"]) / "resume" / "snapshot.pt")
@@ -134,9 +159,11 @@ def summary_line(r: dict) -> str:
     sampler = next(row for row in r["loaders"] if row["loader"].startswith("DistributedSampler")
                    and row["rule"] == "per-rank batch kept")
     padded = [x["padded"]["steps"] for x in r["join_and_pad"]]
+    big = next(row for row in r["sizes"] if row["sample_bytes"] == 100_000)
     return (f"summary: opens_ratio={rows['loose']['opens'] / rows['shards']['opens']:.0f} "
             f"modelled_lustre_speedup={rows['loose']['lustre_s'] / rows['shards']['lustre_s']:.1f} "
             f"modelled_lustre_wait_ratio={rows['loose']['wait_s'] / rows['shards']['wait_s']:.1f} "
+            f"modelled_lustre_wait_ratio_100kB={big['loose_s'] / big['shards_s']:.1f} "
             f"uneven_steps_equal={int(len(set(padded)) == 1 and r['resume']['steps_equal'])} "
             f"uneven_hang_caught={int(any(x['hang'] for x in r['uneven']))} "
             f"resume_repeated={r['resume']['repeated']} resume_missing={r['resume']['missing']} "
@@ -160,7 +187,15 @@ def print_splits(rows: list[dict]) -> None:
               f"{row['pads']:10d}{row['repeated']:10d}")
 
 
-def print_staged(rows: list[dict]) -> None:
+def print_waits_by_sample_size(rows: list[dict]) -> None:
+    print(f"{'sample bytes':>12s}{'shard bytes per sample':>24s}{'loose files wait s':>20s}{'shards wait s':>15s}"
+          f"{'ratio':>7s}")
+    for row in rows:
+        print(f"{row['sample_bytes']:12d}{row['shard_bytes']:24.0f}{row['loose_s']:20.3f}{row['shards_s']:15.3f}"
+              f"{row['loose_s'] / row['shards_s']:7.1f}")
+
+
+def print_staging_costs(rows: list[dict]) -> None:
     print(f"{'layout':8s}{'copy: requests':>16s}{'s':>7s}{'an epoch: requests':>20s}{'shared s':>10s}"
           f"{'local s':>9s}{'pays after (epochs)':>21s}")
     for row in rows:
@@ -179,13 +214,16 @@ def main(argv=None):
                           f"batches of {GLOBAL_BATCH} and resume: give at least {GLOBAL_BATCH * (STOP_AFTER + 1)}")
     with tempfile.TemporaryDirectory(prefix="data-at-scale-") as root:
         prep = prepare(root, args.samples, args.per_shard)
-        r = {"layouts": layouts(prep), "staged": staging_costs(prep)}
+        r = {"layouts": layouts(prep), "staging_costs": staging_costs(prep)}
+        r["sizes"] = waits_by_sample_size(prep, r["layouts"])
         print_layouts(r["layouts"])
-        print_staged(r["staged"])
+        print_waits_by_sample_size(r["sizes"])
+        print_staging_costs(r["staging_costs"])
         print_splits(splits(args.samples, prep["shards"]))
         r["uneven"] = hang_drill(prep, args.timeout)
         print("\n".join(drills.diagnose(r["uneven"], args.timeout)))
         r["join_and_pad"] = join_and_pad(prep)
+        print(f"weights against one process on the same global batches: {join_parity(r['join_and_pad'])}")
         r["resume"] = resume(prep)
         r["loaders"] = loaders(args.samples)
         r["shuffles"] = shuffles(prep)
