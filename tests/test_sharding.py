@@ -3,7 +3,7 @@ the exercise check with the reference solution and typical wrong answers."""
 import pytest
 import torch
 
-from source_code.planner import memory as planner
+from source_code.sharding import memory_model as planner
 from source_code import workload
 from source_code.sharding import comm
 from source_code.sharding.exercises import check_predict_bf16_state_bytes

@@ -13,7 +13,7 @@ import torch
 from source_code.training.loop import parse_summary
 
 TRAIN = "source_code.sharding.train"
-ARGS = ["--max-steps", "3"]
+ARGS = ["--max-steps", "2"]
 
 
 def _run(torchrun, module, *args, nproc=2):
@@ -29,28 +29,30 @@ def _weights(path):
 @pytest.mark.parity
 @pytest.mark.slow
 def test_exact_resume_and_resharding_2_4_1(torchrun, tmp_path):
+    # 2 -> 4 loaded exactly (model and optimizer state equal to the full state saved from) is
+    # notebook 09's DCP cell, asserted there with the same numbers; here what it does not run:
+    # exact resume on 2, training on after 2 -> 4, and 4 -> 1
     # uninterrupted: 2 epochs on 2 ranks
     a = _run(torchrun, TRAIN, *ARGS, "--epochs", 2, "--export", tmp_path / "a.pt")
     # 1 epoch on 2 ranks, checkpoint; resume on 2 ranks for epoch 2: exactly the same weights
     ck = tmp_path / "ck"
-    _run(torchrun, TRAIN, *ARGS, "--epochs", 1, "--checkpoint", ck, "--export", tmp_path / "b1.pt")
+    _run(torchrun, TRAIN, *ARGS, "--epochs", 1, "--checkpoint", ck)
     shutil.copytree(ck, tmp_path / "ck4")
     b = _run(torchrun, TRAIN, *ARGS, "--epochs", 2, "--checkpoint", ck, "--resume",
              "--export", tmp_path / "b.pt")
-    assert "resumed from" in b and parse_summary(b)["steps"] == parse_summary(a)["steps"] == 6
+    steps = 2 * int(ARGS[-1])
+    assert "resumed from" in b and parse_summary(b)["steps"] == parse_summary(a)["steps"] == steps
     wa, wb = _weights(tmp_path / "a.pt"), _weights(tmp_path / "b.pt")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    # 2 -> 4: the 2-rank checkpoint loaded on 4 ranks equals the full state it was saved from
-    out = _run(torchrun, "source_code.sharding.dcp_demo", "--checkpoint", tmp_path / "ck4",
-               "--full", tmp_path / "b1.pt", nproc=4)
-    assert "saved_by=2 loaded_on=4 local_fraction=0.250 model_max_abs_diff=0 optim_max_abs_diff=0" in out
-    # ... and training continues on 4 ranks (same global batches: close to the 2-rank run)
+    # 2 -> 4: training continues on 4 ranks from the 2-rank checkpoint (same global batches:
+    # close to the 2-rank run)
     c = _run(torchrun, TRAIN, *ARGS, "--epochs", 2, "--checkpoint", tmp_path / "ck4", "--resume",
              "--export", tmp_path / "c.pt", nproc=4)
     assert "saved by 2 ranks" in c and parse_summary(c)["world_size"] == 4
+    assert parse_summary(c)["steps"] == steps
     wc = _weights(tmp_path / "c.pt")
     assert max((wa[k] - wc[k]).abs().max().item() for k in wa) < 1e-4
-    # 4 -> 1: the 4-rank checkpoint on one process
+    # 4 -> 1: the 4-rank checkpoint on one process equals the full state exported from it
     out = _run(torchrun, "source_code.sharding.dcp_demo", "--checkpoint", tmp_path / "ck4",
                "--full", tmp_path / "c.pt", nproc=1)
     assert "saved_by=4 loaded_on=1 local_fraction=1.000 model_max_abs_diff=0 optim_max_abs_diff=0" in out

@@ -18,53 +18,56 @@ def test_two_ranks_bitwise_and_summary_line(torchrun, tmp_path):
     assert "terminate called" not in out and "Traceback" not in out, out[-2000:]
     # rank 0's summary line; torchrun or another rank may still write after it
     found = [re.fullmatch(r"summary: .* own_fsdp_fp32_max_abs_diff=(\S+) own_fsdp_max_abs_diff=(\S+) "
-                          r"own_fsdp_state_ratio=(\S+) own_fsdp_backward_peak_ratio=(\S+)", ln.strip())
+                          r"own_fsdp_state_ratio=(\S+) own_fsdp_backward_peak_ratio=(\S+) "
+                          r"prefetch_backward_peak_ratio=(\S+)", ln.strip())
              for ln in out.splitlines() if ln.startswith("summary:")]
     assert len(found) == 1 and found[0], f"no single summary line with the FSDP figures: {out[-2000:]!r}"
     m = found[0]
     res = json.loads((tmp_path / "r.json").read_text())
     # 2 ranks: each gradient element is g0 + g1 in every implementation, so the weights are equal
     par = res["parity"]
-    assert par["own_fsdp"] == {"max_abs_diff": 0.0, "bitwise": True}, par
-    assert par["own_fsdp_fp64"] == {"max_abs_diff": 0.0, "bitwise": True}, par
+    assert par["own_fsdp"]["bitwise"] and par["own_fsdp"]["max_abs_diff"] == 0.0, par
+    assert par["own_fsdp_fp64"]["bitwise"] and par["own_fsdp_fp64"]["max_abs_diff"] == 0.0, par
     assert float(m.group(1)) == float(m.group(2)) == 0.0
+    assert float(m.group(5)) == pytest.approx(res["prefetch_backward_peak_ratio"], abs=1e-4)
     b = res["bytes"]
     assert b["own_fsdp"]["resident"] < b["zero2"]["resident"] < b["zero1"]["resident"] < b["ddp"]["resident"]
     assert float(m.group(3)) == pytest.approx(b["own_fsdp"]["resident"] / b["ddp"]["resident"], abs=1e-4)
     assert float(m.group(4)) == pytest.approx(b["own_fsdp"]["backward_peak"] / b["ddp"]["backward_peak"], abs=1e-4)
-    # the backward peak: one block's full parameters and full gradient, the previous unit's
-    # gradient in its reduce-scatter (one in flight), on top of the sharded state
+    # the backward peak: one block's full parameters (not two: freed before the next gathers),
+    # the previous unit's gradient in its reduce-scatter (one in flight, not none, not two);
+    # with prefetch a second unit is full meanwhile, and the peak is higher
     parts, block = b["own_fsdp"]["backward_parts"], b["own_fsdp"]["gathered"]
-    assert parts["full_params"] == parts["full_grads"] == block, parts
+    assert parts["full_params"] == block, parts
     assert block < parts["in_flight"] < 2 * block, parts
-    # overlap: unit i+1's gather issued before unit i computes; backward issues in reverse order;
-    # each reduce-scatter in flight while the next unit's backward computes, the last waited
-    # for after the whole backward
+    # with prefetch, while layers.1's gradient completes layers.0's buffer is filling too: two
+    # blocks full where the plain units hold one; the peak can only grow
+    prefetch = res["timeline"]["overlapped"]
+    assert prefetch["at_units"]["layers.1"]["full_params"] == 2 * block, prefetch["at_units"]
+    assert b["own_fsdp"]["at_units"]["layers.1"]["full_params"] == block, b["own_fsdp"]["at_units"]
+    assert prefetch["backward_peak"] >= b["own_fsdp"]["backward_peak"], (prefetch, b["own_fsdp"])
+    # overlap: each reduce-scatter issued before the next unit's backward computes and waited for
+    # only after it started (the serial variant: waited for before); measured stamps, so an
+    # implementation that waited at once would fail here
     tl = res["timeline"]["overlapped"]
-    iv = tl["intervals"]
-    names = list(iv)
-    fw = {u: iv[u]["forward"] for u in names}
-    assert all(fw[u]["gather"][0] <= fw[t]["compute"][0] for t, u in zip(names, names[1:])), iv
-    assert tl["backward_issue_order"][:3] == ["head", "layers.1", "layers.0"], tl["backward_issue_order"]
-    bw = {u: iv[u]["backward"] for u in names}
+    names = list(tl["intervals"])
+    bw = {u: tl["intervals"][u]["backward"] for u in names}
     order = tl["backward_order"]
     for t, u in zip(order, order[1:]):
         assert bw[t]["reduce"][0] <= bw[u]["compute"][0] <= bw[t]["wait"], (t, u, bw)
-    assert bw[order[-1]]["wait"] >= max(bw[u]["compute"][1] for u in names), bw
     serial = res["timeline"]["serial"]                  # each waited for before the next computes
     sw = {u: serial["intervals"][u]["backward"] for u in names}
     assert all(sw[t]["wait"] <= sw[u]["compute"][0] for t, u in zip(serial["backward_order"],
                                                                     serial["backward_order"][1:])), sw
-    # bf16 mixed precision (own_fsdp_mixed.py, fully_shard with MixedPrecisionPolicy): the
-    # all-gathers carry half the bytes, the reduce-scatters fp32 either way, the two train alike
+    # bf16 mixed precision: FSDP2's policy measured (half the bytes gathered, fp32 reduced and
+    # kept); by hand the same casts train as fully_shard does, a few fp32 roundings apart at most
     c = res["comm"]
-    for impl in ("own_fsdp", "fully_shard"):
-        assert 2 * c[impl + "_bf16"]["all_gather"] == c[impl]["all_gather"], c
-        assert c[impl + "_bf16"]["reduce_scatter"] == c[impl]["reduce_scatter"], c
-        assert 2 * b[impl + "_bf16"]["gathered"] == b[impl]["gathered"], b
-        assert b[impl + "_bf16"]["resident"] == b[impl]["resident"], b
+    assert 2 * c["fully_shard_bf16"]["all_gather"] == c["fully_shard"]["all_gather"], c
+    assert c["fully_shard_bf16"]["reduce_scatter"] == c["fully_shard"]["reduce_scatter"], c
+    assert 2 * b["fully_shard_bf16"]["gathered"] == b["fully_shard"]["gathered"], b
+    assert b["fully_shard_bf16"]["resident"] == b["fully_shard"]["resident"], b
     mp, vs32 = (par[k]["max_abs_diff"] for k in ("own_fsdp_bf16_vs_fully_shard_bf16", "own_fsdp_bf16_vs_own_fsdp"))
-    assert mp <= 1e-6 < vs32, par
+    assert par["own_fsdp_bf16_vs_fully_shard_bf16"]["max_ulps"] <= 4 and mp < vs32, par
     assert f"bf16_vs_fully_shard_bf16={mp:.3g} " in m.string, m.string
 
 
@@ -78,7 +81,7 @@ def test_sizes_that_do_not_divide_three_ranks():
     assert res["parity"]["own_fsdp_fp64"]["max_abs_diff"] <= 1e-12, res["parity"]
     assert res["parity"]["fully_shard_fp64"]["max_abs_diff"] <= 1e-12, res["parity"]
     # bf16 with padded shards on 3 ranks: still fully_shard's weights with the same policy
-    assert res["parity"]["own_fsdp_bf16_vs_fully_shard_bf16"]["max_abs_diff"] <= 1e-6, res["parity"]
+    assert res["parity"]["own_fsdp_bf16_vs_fully_shard_bf16"]["max_ulps"] <= 4, res["parity"]
     assert res["units"] == ["tok", "pos", "layers.0", "layers.1", "head"]
     assert all(".norm" in n or n.startswith("norm") for n in res["replicated"]), res["replicated"]
 
@@ -96,3 +99,21 @@ def test_bad_flags_one_line(monkeypatch, argv, says):
     with pytest.raises(LaunchError) as err:
         own_fsdp_report.parse_args(argv)
     assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_gpu_model_books_each_wait_to_the_transfer_on_the_link():
+    """own_fsdp_predict: a gather queued behind a reduce-scatter is the reduce-scatter's wait; no
+    transfer is booked more than its own time, and every idle instant is booked to one."""
+    from source_code.sharding import own_fsdp_predict
+    for cfg, batch, seq in ((own_fsdp_report.WIDE, 4, 4096), (own_fsdp_report.WIDE, 1, 256)):
+        units = own_fsdp_predict.unit_costs(cfg, batch, seq)
+        compute = sum(u["fwd_flops"] + u["bwd_flops"] for u in units) / own_fsdp_predict.GPU_NODE["flops"]
+        for overlap in (False, True):
+            walk = own_fsdp_predict.simulate(units, 4, overlap)
+            waited = walk["exposed_s"]
+            for phase, own_time in (("forward", walk["gather_s"]), ("backward", walk["gather_s"]),
+                                    ("reduce", walk["reduce_s"])):
+                for unit, s in waited[phase].items():
+                    assert s <= own_time[unit] * (1 + 1e-9), (overlap, phase, unit, s, own_time[unit])
+            idle = sum(sum(v.values()) for v in waited.values())
+            assert walk["step_s"] == pytest.approx(compute + idle, rel=1e-9), (overlap, walk["step_s"])

@@ -12,6 +12,7 @@ from source_code.solutions.nb09_own_fsdp import after_forward, reduce_grad, unsh
 
 
 def all_reduce_then_slice(flat_grad):
+    flat_grad = flat_grad.float()
     world, rank = dist.get_world_size(), dist.get_rank()
     c = -(-flat_grad.numel() // world)
     full = flat_grad.clone()
@@ -21,6 +22,7 @@ def all_reduce_then_slice(flat_grad):
 
 
 def no_padding(flat_grad):
+    flat_grad = flat_grad.float()
     world = dist.get_world_size()
     mine = flat_grad.new_empty(flat_grad.numel() // world)
     dist.reduce_scatter_tensor(mine, flat_grad)
@@ -28,6 +30,7 @@ def no_padding(flat_grad):
 
 
 def floor_chunk(flat_grad):
+    flat_grad = flat_grad.float()
     world = dist.get_world_size()
     c = flat_grad.numel() // world
     mine = flat_grad.new_empty(c)
@@ -36,6 +39,7 @@ def floor_chunk(flat_grad):
 
 
 def the_sum(flat_grad):
+    flat_grad = flat_grad.float()
     world = dist.get_world_size()
     c = -(-flat_grad.numel() // world)
     padded = torch.cat([flat_grad, flat_grad.new_zeros(c * world - flat_grad.numel())])
@@ -45,12 +49,14 @@ def the_sum(flat_grad):
 
 
 def the_whole_mean(flat_grad):
+    flat_grad = flat_grad.float()
     full = flat_grad.clone()
     dist.all_reduce(full)
     return full / dist.get_world_size()
 
 
 def garbage_padding(flat_grad):
+    flat_grad = flat_grad.float()
     world = dist.get_world_size()
     c = -(-flat_grad.numel() // world)
     padded = torch.cat([flat_grad, flat_grad.new_ones(c * world - flat_grad.numel())])
@@ -59,7 +65,46 @@ def garbage_padding(flat_grad):
     return mine / world
 
 
-WRONG_REDUCE = [(all_reduce_then_slice, "twice the bytes"), (no_padding, "not a multiple of 3"),
+def added_in_bf16(flat_grad):                      # comm.py's helper, on the bf16 gradient
+    world = dist.get_world_size()
+    c = -(-flat_grad.numel() // world)
+    padded = torch.cat([flat_grad, flat_grad.new_zeros(c * world - flat_grad.numel())])
+    mine = flat_grad.new_empty(c)
+    dist.reduce_scatter_tensor(mine, padded)
+    return mine.div_(world)
+
+
+def cast_after_the_wire(flat_grad):               # fp32 out, but the sums rounded in bf16
+    world = dist.get_world_size()
+    c = -(-flat_grad.numel() // world)
+    padded = torch.cat([flat_grad, flat_grad.new_zeros(c * world - flat_grad.numel())])
+    mine = flat_grad.new_empty(c)
+    dist.reduce_scatter_tensor(mine, padded)
+    return mine.float() / world
+
+
+def all_gather_then_sum(flat_grad):               # every rank receives every rank's whole gradient
+    world, rank = dist.get_world_size(), dist.get_rank()
+    c = -(-flat_grad.numel() // world)
+    grad = torch.cat([flat_grad.float(), flat_grad.new_zeros(c * world - flat_grad.numel()).float()])
+    every = [torch.empty_like(grad) for _ in range(world)]
+    dist.all_gather(every, grad)
+    return sum(g[rank * c:(rank + 1) * c] for g in every) / world
+
+
+def all_to_all_then_sum(flat_grad):               # right, written another way: the same bytes
+    world = dist.get_world_size()
+    c = -(-flat_grad.numel() // world)
+    grad = torch.cat([flat_grad.float(), flat_grad.new_zeros(c * world - flat_grad.numel()).float()])
+    pieces = torch.empty_like(grad)                # (N * c,): every rank's copy of my chunk
+    dist.all_to_all_single(pieces, grad)
+    return pieces.view(world, c).sum(0) / world
+
+
+RIGHT_REDUCE = [all_to_all_then_sum]
+
+WRONG_REDUCE = [(added_in_bf16, "is torch.bfloat16"), (cast_after_the_wire, "added in bf16"),
+                (all_gather_then_sum, "sent with all_gather"), (all_reduce_then_slice, "sent with all_reduce"), (no_padding, "not a multiple of 3"),
                 (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
                 (garbage_padding, "must be zeros")]
 
@@ -92,6 +137,12 @@ def regathers_with_the_gradient(unit, out):      # after the unit's backward has
 def regathers_after_the_module(unit, out):       # a module backward hook: after its backward
     free_storage(unit.full)
     unit.module.register_full_backward_hook(lambda module, grad_in, grad_out: gather(unit))
+    return out
+
+
+def regathers_with_a_module_pre_hook(unit, out):  # registered during the call: from the next one on
+    free_storage(unit.full)
+    unit.module.register_full_backward_pre_hook(lambda module, grad_out: gather(unit))
     return out
 
 
@@ -151,18 +202,20 @@ WRONG_CORE = [((frees_before_computing, after_forward), "freed it before the uni
               ((unshard, never_regathers), "nothing gathered them again"),
               ((unshard, regathers_with_the_gradient), "only after its backward had read"),
               ((unshard, regathers_after_the_module), "only after its backward had read"),
+              ((unshard, regathers_with_a_module_pre_hook), "only in a later step"),
               ((unshard, regathers_at_once), "still holds its full parameters after its forward"),
               ((remembers_every_unit, regathers_everything), "more than 2 units held their full")]
 
 
 def test_references_and_wrong_answers_in_one_group():
-    got_reduce, got_core = all_verdicts([reduce_grad] + [fn for fn, _ in WRONG_REDUCE],
+    got_reduce, got_core = all_verdicts([reduce_grad] + RIGHT_REDUCE + [fn for fn, _ in WRONG_REDUCE],
                                         [(unshard, after_forward)] + RIGHT_CORE
                                         + [pair for pair, _ in WRONG_CORE], world_size=3)
     assert got_reduce[0] is None and got_core[0] is None, (got_reduce[0], got_core[0])
     right = got_core[1:1 + len(RIGHT_CORE)]
     assert right == [None] * len(RIGHT_CORE), right     # correct answers written another way
-    got_core = got_core[len(RIGHT_CORE):]
+    assert got_reduce[1:1 + len(RIGHT_REDUCE)] == [None] * len(RIGHT_REDUCE), got_reduce
+    got_core, got_reduce = got_core[len(RIGHT_CORE):], got_reduce[len(RIGHT_REDUCE):]
     for (fn, says), verdict in zip(WRONG_REDUCE, got_reduce[1:]):
         assert verdict and says in verdict and "\n" not in verdict, (fn.__name__, verdict)
     for ((a, b), says), verdict in zip(WRONG_CORE, got_core[1:]):

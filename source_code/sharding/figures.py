@@ -25,7 +25,7 @@ def memory_figure(rows: list[dict]):
                        label=key if (g, k) == (0, 0) else None)
                 bottom += r[key] / mib
             ax.plot([x - width * 0.45, x + width * 0.45], [r["pred_total"] / mib] * 2, "k-", lw=2,
-                    label="predicted (planner)" if (g, k) == (0, 0) else None)
+                    label="predicted (memory_model.py)" if (g, k) == (0, 0) else None)
             ax.text(x, bottom + 0.3, s.replace("fsdp_keep", "fsdp\nkeep"), ha="center",
                     va="bottom", fontsize=7, rotation=90)
     ax.set_xticks(range(len(sizes)), [f"N = {n}" for n in sizes])

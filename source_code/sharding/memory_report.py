@@ -5,8 +5,8 @@
 
 For each world size N, N processes (torch.multiprocessing) train the same TransformerLM with each strategy in turn, one AdamW step each. After
 the step (before zero_grad) rank 0 counts the bytes of its local parameter, gradient
-and optimizer-state tensors (measure.state_bytes) and sets them beside the planner's
-prediction (source_code/planner/memory.py); the peak process memory is measured above the
+and optimizer-state tensors (measure.state_bytes) and sets them beside the
+prediction (source_code/sharding/memory_model.py); the peak process memory is measured above the
 memory before the model is built, up to the end of the step, with
 MALLOC_MMAP_THRESHOLD_=65536 (torch.cuda.max_memory_allocated on a GPU), and the collectives
 of the step are counted (measure.CommCounter). The last line is
@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from source_code import torch_versions
 from source_code.errors import run_main
 from source_code.distributed import context
-from source_code.planner import memory as planner
+from source_code.sharding import memory_model
 from source_code import workload
 from source_code.sharding.fsdp import build_sharded
 from source_code.measure import CommCounter, PeakRSS, state_bytes, table_device, tensor_bytes
@@ -96,16 +96,16 @@ def measure_rank(cfg: dict, batch_size: int, strategies=STRATEGIES) -> list[dict
             with counter:
                 _step(model, opt, x, y)
         counted = state_bytes(model, opt)
-        predicted = planner.state_bytes(numels, ctx.world_size, BASE[s])
+        predicted = memory_model.state_bytes(numels, ctx.world_size, BASE[s])
         row = {"world_size": ctx.world_size, "strategy": s, "n_params": sum(numels), **counted,
                **{f"pred_{k}": v for k, v in predicted.items()},
                "peak_bytes": peak.peak_bytes, "device": ctx.device.type,
                "wire_bytes": counter.wire, "calls": dict(counter.calls),
-               "pred_wire_bytes": planner.communication_bytes(
+               "pred_wire_bytes": memory_model.communication_bytes(
                    sum(numels), ctx.world_size, BASE[s], reshard_after_forward=s != "fsdp_keep")}
         if s == "ddp":
             row["activations"] = _activation_bytes(model.module, x, y)
-            row["pred_activations"] = planner.activation_bytes(
+            row["pred_activations"] = memory_model.activation_bytes(
                 x.shape[0], x.shape[1], cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["vocab_size"])
         rows.append(row)
         del model, opt

@@ -44,6 +44,8 @@ parameter names, for saving or comparing.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -85,6 +87,16 @@ class Reductions:
         self.callback_queued = False
 
 
+class Slot(NamedTuple):
+    """One parameter of a unit: the module that owns it, its attribute there, its qualified name,
+    its shape, and where it starts in the unit's flat vector."""
+    owner: nn.Module
+    attr: str
+    name: str
+    shape: torch.Size
+    offset: int
+
+
 class Unit:
     """One sharded unit: ``module``'s parameters (those outside REPLICATED submodules) as a flat
     padded shard ``self.shard`` (c,), a full buffer ``self.full`` (N * c,) that holds memory only
@@ -94,14 +106,14 @@ class Unit:
 
     def __init__(self, name: str, module: nn.Module, world: int, rank: int):
         self.name, self.module, self.world, self.rank = name, module, world, rank
-        self.slots = []            # (owner module, attribute, qualified name, shape, offset)
+        self.slots: list[Slot] = []      # where each parameter lives in the flat vector
         flats, offset = [], 0
         for owner_name, owner in module.named_modules():
             if isinstance(owner, REPLICATED):
                 continue
             for attr, p in list(owner.named_parameters(recurse=False)):
                 qual = ".".join(x for x in (name, owner_name, attr) if x)
-                self.slots.append((owner, attr, qual, p.shape, offset))
+                self.slots.append(Slot(owner, attr, qual, p.shape, offset))
                 flats.append(p.detach().reshape(-1))
                 offset += p.numel()
                 del owner._parameters[attr]             # the module no longer owns it
@@ -135,12 +147,12 @@ class Unit:
     def unshard(self) -> None:
         """Forward pre-hook: gather, then each parameter becomes a view of the full buffer."""
         self.gather()
-        sizes = [shape.numel() for *_, shape, _ in self.slots]
+        sizes = [slot.shape.numel() for slot in self.slots]
         # one split (as FSDP1's FlatParameter): its backward concatenates the views' gradients
         # into one (N * c,) tensor; a slice per view would build a zero-filled (N * c,) each
         pieces = torch.split(self.full, sizes + [self.full.numel() - self.numel])  # last: padding
-        for (owner, attr, _, shape, _), piece in zip(self.slots, pieces):
-            setattr(owner, attr, piece.view(shape))                # tracked by autograd
+        for slot, piece in zip(self.slots, pieces):
+            setattr(slot.owner, slot.attr, piece.view(slot.shape))                # tracked by autograd
 
     def after_forward(self, out):
         """Forward post-hook: free the full parameters; gather them again in backward."""
@@ -183,8 +195,8 @@ class Unit:
         """{qualified name: full tensor}, gathered from the shards (collective: every rank)."""
         out = self.shard.new_empty(self.shard.numel() * self.world)   # (N * c,)
         dist.all_gather_into_tensor(out, self.shard.detach())
-        return {qual: out[offset:offset + shape.numel()].view(shape).clone()
-                for _, _, qual, shape, offset in self.slots}
+        return {slot.name: out[slot.offset:slot.offset + slot.shape.numel()].view(slot.shape).clone()
+                for slot in self.slots}
 
 
 def default_units(model: nn.Module) -> list[tuple[str, nn.Module]]:

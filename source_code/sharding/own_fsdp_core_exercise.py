@@ -46,13 +46,13 @@ class UnitView:
         self._unit = unit
 
 
-LOG: list = []             # (what, unit name, phase): the learner's gathers, the check's findings
-PHASE = {"now": "forward"}
+LOG: list = []             # (what, unit name, phase, step): the learner's gathers, the check's findings
+PHASE = {"now": "forward", "step": 0}
 
 
 def gather(unit: UnitView) -> None:
     """All-gather every rank's shard into ``unit.full`` and make the parameters views of it."""
-    LOG.append(("gather", unit.name, PHASE["now"]))
+    LOG.append(("gather", unit.name, PHASE["now"], PHASE["step"]))
     Unit.unshard(unit._unit)
 
 
@@ -94,11 +94,11 @@ def watch(unit: Unit) -> None:
 
     def crowded(phase_unit: Unit) -> None:
         if len(others_full(phase_unit)) + 1 > CROWD:
-            LOG.append(("crowded", phase_unit.name, PHASE["now"]))
+            LOG.append(("crowded", phase_unit.name, PHASE["now"], PHASE["step"]))
 
     def before(module, args):
         if empty(unit):
-            LOG.append(("empty_at_forward", unit.name, PHASE["now"]))
+            LOG.append(("empty_at_forward", unit.name, PHASE["now"], PHASE["step"]))
             Unit.unshard(unit)
         crowded(unit)
         outer = top_saved_hooks()
@@ -113,7 +113,7 @@ def watch(unit: Unit) -> None:
             t = outer_unpack(inner) if outer_unpack else inner   # the learner's unpack, if any
             if owner is not None:
                 if empty(owner):                    # backward reads a freed buffer: refill it
-                    LOG.append(("empty_at_backward", owner.name, PHASE["now"]))
+                    LOG.append(("empty_at_backward", owner.name, PHASE["now"], PHASE["step"]))
                     Unit.gather(owner)
                 crowded(owner)
             return t
@@ -124,7 +124,7 @@ def watch(unit: Unit) -> None:
     def after(module, args, out):
         saved.pop("ctx").__exit__(None, None, None)
         if not empty(unit):
-            LOG.append(("kept_after_forward", unit.name, PHASE["now"]))
+            LOG.append(("kept_after_forward", unit.name, PHASE["now"], PHASE["step"]))
 
     unit.module.register_forward_pre_hook(before)
     unit.module.register_forward_hook(after)
@@ -141,26 +141,31 @@ def reference(dataset, world: int) -> dict:
 
 def diagnose(log: list, diff: float) -> str | None:
     """The first mistake the run showed, one line (None: right)."""
-    learner_gathers = {(n, ph) for what, n, ph in log if what == "gather"}
-    for what, name, phase in log:
+    learner_gathers = {(n, ph, st) for what, n, ph, st in log if what == "gather"}
+    for what, name, phase, step in log:
         if what == "empty_at_forward":
-            if (name, "forward") in learner_gathers:
+            if (name, "forward", step) in learner_gathers:
                 return (f"unit {name}'s forward started computing with its full buffer freed: you "
                         "gathered it, then freed it before the unit used it; free it after its forward")
             return (f"unit {name}'s forward started computing with nothing gathered: its "
                     "parameters exist only once every rank's shard has been gathered")
-    for what, name, _ in log:
+    for what, name, *_ in log:
         if what == "kept_after_forward":
             return (f"unit {name} still holds its full parameters after its forward: ZeRO-3 frees "
                     "them until the backward needs them, or every unit is whole at once")
-    for what, name, _ in log:
+    for what, name, _, step in log:
+        if what == "empty_at_backward" and (name, "backward", step) in learner_gathers:
+            return (f"unit {name} was gathered again in backward only after its backward had read "
+                    "its parameters: gather when the backward reaches the unit, before it computes")
+    for what, name, _, step in log:
         if what == "empty_at_backward":
-            if (name, "backward") in learner_gathers:
-                return (f"unit {name} was gathered again in backward only after its backward had read "
-                        "its parameters: gather when the backward reaches the unit, before it computes")
-            return (f"unit {name}'s backward read its parameters from the freed buffer and nothing "
-                    "gathered them again: what autograd saved points at that storage")
-    for what, name, phase in log:
+            later = " (your hook gathered it only in a later step: one registered during a module's " \
+                    "call can take effect from its next call)" if any(
+                        n == name and ph == "backward" for n, ph, _ in learner_gathers) else ""
+            return (f"unit {name}'s backward in step {step + 1} read its parameters from the freed "
+                    f"buffer and nothing gathered them again: what autograd saved points at that "
+                    f"storage{later}")
+    for what, name, phase, _ in log:
         if what == "crowded":
             return (f"while unit {name}'s {phase} computed, more than {CROWD} units held their full "
                     f"parameters: gather a unit when the {phase} reaches it, not all of them at once")
@@ -194,7 +199,7 @@ def run_one(pair, dataset, ref: dict) -> str | None:
             warnings.simplefilter("ignore")           # hooks of the learner's choice may warn
             for step in range(STEPS):
                 x, y = workload.rank_slice(workload.global_batch(dataset, step, BATCH, 0), rank, world)
-                PHASE["now"] = "forward"
+                PHASE["now"], PHASE["step"] = "forward", step
                 loss = workload.loss_fn(model, x, y)
                 PHASE["now"] = "backward"
                 loss.backward()

@@ -17,11 +17,19 @@ def bytes_figure(res: dict):
     fig, ax = plt.subplots(figsize=(8, 3.4))
     resident = np.array([b[k]["resident"] / kib for k in impls])
     gathered = np.array([b[k]["gathered"] / kib for k in impls])
-    backward = [b[k].get("backward_peak", 0) / kib for k in impls]
+    counted = [i for i, k in enumerate(impls) if "backward_peak" in b[k]]
+    backward = np.array([b[impls[i]]["backward_peak"] / kib for i in counted])
     ax.bar(x - 0.2, resident, 0.38, color="tab:blue", label="resident between units")
     ax.bar(x - 0.2, gathered, 0.38, bottom=resident, color="tab:orange",
            label="gathered while block 0 computes (forward peak = top)")
-    ax.bar(x + 0.2, backward, 0.38, color="tab:green", label="backward peak (counted: DDP, FSDP by hand)")
+    ax.bar(x[counted] + 0.2, backward, 0.38, color="tab:green", label="backward peak (counted)")
+    prefetch = res.get("timeline", {}).get("overlapped", {}).get("backward_peak")
+    if prefetch is not None and "own_fsdp" in impls:     # a second unit full while one computes
+        ax.bar(x[impls.index("own_fsdp")] + 0.2, prefetch / kib, 0.38, fill=False, hatch="//",
+               edgecolor="tab:green", label="backward peak with prefetch")
+        backward = np.append(backward, prefetch / kib)
+    for i in sorted(set(range(len(impls))) - set(counted)):
+        ax.text(x[i] + 0.2, 0.02 * max(backward), "not\ncounted", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [LABELS[k] for k in impls])
     ax.set_ylabel("KiB per rank (counted tensors)")
     ax.set_ylim(0, max(max(resident + gathered), max(backward)) * 1.35)

@@ -43,14 +43,15 @@ def measure_bytes(model, opt, inner, gathered, x) -> dict:
 
 
 class BackwardPeak:
-    """``with BackwardPeak(model, opt, inner) as bp: loss.backward()``; then bp.peak, bp.parts."""
+    """``with BackwardPeak(model, opt, inner) as peak: loss.backward()``; then peak.peak, peak.parts,
+    and peak.at_units: {unit: its parts} counted as each unit's full gradient completes."""
 
     def __init__(self, model, opt, inner):
         self.model, self.opt = model, opt
         self.units = list(getattr(inner, "own_fsdp_units", []))
-        self.peak, self.parts, self.handles = 0, {}, []
+        self.peak, self.parts, self.handles, self.at_units = 0, {}, [], {}
 
-    def count(self) -> None:
+    def count(self, unit_name: str | None = None) -> None:
         params = list(self.model.parameters())
         groups = {"state": params + [p.grad for p in params] + optimizer_tensors(self.opt),
                   "full_params": [u.full for u in self.units],
@@ -60,13 +61,16 @@ class BackwardPeak:
         for name, tensors in groups.items():
             parts[name] = tensor_bytes(tensors, exclude=counted)
             counted += [t for t in tensors if t is not None]
+        if unit_name is not None:
+            self.at_units[unit_name] = parts
         if sum(parts.values()) > self.peak:
             self.peak, self.parts = sum(parts.values()), parts
 
     def __enter__(self):
+        self.saved = {u: u.__dict__.get("reduce_grad") for u in self.units}   # another wrapper, if any
         for u in self.units:
             def reduce_grad(u=u, inner=u.reduce_grad):
-                self.count()                 # full parameters, full gradient, older one in flight
+                self.count(u.name)           # full parameters, full gradient, older one in flight
                 inner()
             u.reduce_grad = reduce_grad
         self.handles = [p.register_post_accumulate_grad_hook(lambda p: self.count())
@@ -75,8 +79,11 @@ class BackwardPeak:
 
     def __exit__(self, *exc):
         self.count()
-        for u in self.units:
-            del u.reduce_grad                # the class's method again
+        for u, before in self.saved.items():
+            if before is None:
+                del u.reduce_grad            # the class's method again
+            else:
+                u.reduce_grad = before
         for h in self.handles:
             h.remove()
         return False

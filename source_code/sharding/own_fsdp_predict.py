@@ -18,7 +18,9 @@ waited for where it is issued (each unit gathers when it starts, each reduce-sca
 for at once). Overlapped: the forward issues unit i+1's gather before unit i computes, the
 backward the previous unit's as own_fsdp_prefetch chains them (the embeddings on demand), and
 each reduce-scatter is waited for only when the next one is issued, the last after the backward.
-Exposed: the time the computation waits for a transfer; hidden = 1 - exposed / all transfer time.
+Exposed: the time the computation waits, each instant booked to the transfer that has the link
+then (waiting for a gather queued behind a reduce-scatter is the reduce-scatter's exposed time);
+hidden = 1 - exposed / all transfer time.
 Bytes as in bf16 mixed precision (own_fsdp_mixed.py): 2 a parameter gathered, 4 reduced.
 """
 from __future__ import annotations
@@ -58,48 +60,54 @@ def simulate(units: list[dict], world: int, overlap: bool, node=GPU_NODE) -> dic
     ({phase: {unit: s}}) and the hidden fraction; ``units`` from unit_costs, in forward order."""
     from source_code.sharding.own_fsdp_prefetch import backward_chain
     names = [u["name"] for u in units]
-    by = {u["name"]: u for u in units}
-    gather = {n: transfer_s(GATHER_BYTES * by[n]["params"], world, node) for n in names}
-    reduce = {n: transfer_s(REDUCE_BYTES * by[n]["params"], world, node) for n in names}
+    unit_of = {u["name"]: u for u in units}
+    gather = {n: transfer_s(GATHER_BYTES * unit_of[n]["params"], world, node) for n in names}
+    reduce = {n: transfer_s(REDUCE_BYTES * unit_of[n]["params"], world, node) for n in names}
     state = {"t": 0.0, "link": 0.0}
+    on_link = []                                     # (start, end, phase, unit): the link's queue
     exposed = {"forward": {}, "backward": {}, "reduce": {}}
 
-    def send(duration: float) -> float:             # issued now; arrives when the link is through
-        state["link"] = max(state["link"], state["t"]) + duration
+    def send(duration: float, phase: str, name: str) -> float:   # issued now; arrives when through
+        start = max(state["link"], state["t"])
+        state["link"] = start + duration
+        on_link.append((start, state["link"], phase, name))
         return state["link"]
 
-    def wait(until: float, phase: str, name: str) -> None:
-        exposed[phase][name] = exposed[phase].get(name, 0.0) + max(0.0, until - state["t"])
+    def wait(until: float) -> None:                  # each waited instant booked to the transfer
+        for start, end, phase, name in on_link:      # that has the link then (one at a time)
+            part = min(end, until) - max(start, state["t"])
+            if part > 0:
+                exposed[phase][name] = exposed[phase].get(name, 0.0) + part
         state["t"] = max(state["t"], until)
 
-    arrive = {names[0]: send(gather[names[0]])} if overlap else {}
+    arrive = {names[0]: send(gather[names[0]], "forward", names[0])} if overlap else {}
     for i, n in enumerate(names):                    # forward
-        wait(arrive.pop(n) if n in arrive else send(gather[n]), "forward", n)
+        wait(arrive.pop(n) if n in arrive else send(gather[n], "forward", n))
         if overlap and i + 1 < len(names):
-            arrive[names[i + 1]] = send(gather[names[i + 1]])
-        state["t"] += by[n]["fwd_flops"] / node["flops"]
+            arrive[names[i + 1]] = send(gather[names[i + 1]], "forward", names[i + 1])
+        state["t"] += unit_of[n]["fwd_flops"] / node["flops"]
     forward_s = state["t"]
     chain, in_flight = backward_chain(names), None
-    arrive = {names[-1]: send(gather[names[-1]])} if overlap else {}
+    arrive = {names[-1]: send(gather[names[-1]], "backward", names[-1])} if overlap else {}
     for n in reversed(names):                        # backward
-        wait(arrive.pop(n) if n in arrive else send(gather[n]), "backward", n)
+        wait(arrive.pop(n) if n in arrive else send(gather[n], "backward", n))
         if overlap and n in chain:
-            arrive[chain[n]] = send(gather[chain[n]])
-        state["t"] += by[n]["bwd_flops"] / node["flops"]
+            arrive[chain[n]] = send(gather[chain[n]], "backward", chain[n])
+        state["t"] += unit_of[n]["bwd_flops"] / node["flops"]
         if not overlap:
-            wait(send(reduce[n]), "reduce", n)
+            wait(send(reduce[n], "reduce", n))
             continue
         if in_flight is not None:
-            wait(in_flight[1], "reduce", in_flight[0])
-        in_flight = (n, send(reduce[n]))
+            wait(in_flight)
+        in_flight = send(reduce[n], "reduce", n)
     if in_flight is not None:
-        wait(in_flight[1], "reduce", in_flight[0])   # the last one, once the backward is done
+        wait(in_flight)                              # the last one, once the backward is done
     comm = 2 * sum(gather.values()) + sum(reduce.values())
     hidden = max(0.0, comm - sum(sum(v.values()) for v in exposed.values()))
     return {"forward_s": forward_s, "step_s": state["t"], "backward_s": state["t"] - forward_s,
             "comm_s": comm, "exposed_s": exposed, "hidden_fraction": hidden / comm,
             "gather_s": gather, "reduce_s": reduce,
-            "compute_s": {n: (by[n]["fwd_flops"] + by[n]["bwd_flops"]) / node["flops"] for n in names}}
+            "compute_s": {n: (unit_of[n]["fwd_flops"] + unit_of[n]["bwd_flops"]) / node["flops"] for n in names}}
 
 
 def predict(cfg: dict, batch: int, seq: int, world: int, node=GPU_NODE) -> dict:
@@ -107,7 +115,8 @@ def predict(cfg: dict, batch: int, seq: int, world: int, node=GPU_NODE) -> dict:
     "exposed_forward": the units whose forward all-gather waits for more than half its time."""
     units = unit_costs(cfg, batch, seq)
     out = {k: simulate(units, world, k == "overlap", node) for k in ("serial", "overlap")}
-    ov = out["overlap"]
-    out["exposed_forward"] = [n for n, s in ov["exposed_s"]["forward"].items() if s > 0.5 * ov["gather_s"][n]]
+    overlapped = out["overlap"]
+    out["exposed_forward"] = [name for name, waited in overlapped["exposed_s"]["forward"].items()
+                              if waited > 0.5 * overlapped["gather_s"][name]]
     out["kinds"] = {u["name"]: u["kind"] for u in units}
     return out

@@ -13,17 +13,19 @@ are added in another order than the reference adds them (gloo's reduce-scatter, 
 weights differ in the last bits and Adam carries that on: reported, not checked. In fp64 the
 same code must land within --tol of the fp64 reference: that is the check. Printed, rank 0:
 
-    parity: impl=own_fsdp_fp64 world_size=N steps=S max_abs_diff=D bitwise=True|False
+    parity: impl=own_fsdp_fp64 world_size=N steps=S max_abs_diff=D max_ulps=U bitwise=True|False
             (and own_fsdp, fully_shard in fp32 and fp64, own_fsdp against fully_shard; own_fsdp_bf16
             against fully_shard_bf16, and against own_fsdp in fp32)
     bytes: impl=ddp resident=B gathered=G peak=P backward_peak=K   (per rank, one line each)
     timeline: ...    (own_fsdp_timeline.py: a step serial and overlapped, measured here)
     predicted: ...   (own_fsdp_predict.py: the same on a GPU node, and at width 4096)
     summary: world_size=N device=D ... own_fsdp_max_abs_diff=D own_fsdp_state_ratio=R own_fsdp_backward_peak_ratio=K
+                                                     prefetch_backward_peak_ratio=KP
 
 Bytes (own_fsdp_memory.py), per rank, counted from storages: resident, what block 0's forward
 gathers on top (peak = resident + gathered), and the backward peak (own FSDP and DDP).
-R = own FSDP's resident / DDP's, K = own FSDP's backward peak / DDP's. The collectives of the
+R = own FSDP's resident / DDP's, K = own FSDP's backward peak / DDP's, KP the same with
+prefetch (own_fsdp_prefetch.py, counted in the timeline run: a second unit full). The collectives of the
 counted step (measure.CommCounter) go to the JSON as "comm": {impl: {kind: payload bytes}}: bf16
 halves the all-gathers' bytes. Exit 1 when D > --tol. --out writes every number as JSON (rank 0).
 """
@@ -96,15 +98,24 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+def max_ulps(a: dict, b: dict) -> float:
+    """The largest difference of a tensor, in units of the last place (of b's dtype) of that
+    tensor's largest weight: how many roundings apart, whatever the weights' scale."""
+    def ulp(t):
+        top = t.abs().max()
+        return (torch.nextafter(top, top.new_tensor(float("inf"))) - top).item()
+    return max((a[k] - b[k]).abs().max().item() / ulp(b[k]) for k in a)
+
+
 def counted_step(impl, model, opt, inner, batch, ctx) -> tuple[dict, dict]:
     """One more backward + step after training, so the gradients exist when counted: the
     collectives of that step by kind, and (PEAKS) its backward peak with its parts."""
-    counter, bp = CommCounter(ctx.world_size), BackwardPeak(model, opt, inner)
+    counter, peak = CommCounter(ctx.world_size), BackwardPeak(model, opt, inner)
     with counter:
-        with bp if impl in PEAKS else contextlib.nullcontext():
+        with peak if impl in PEAKS else contextlib.nullcontext():
             workload.loss_fn(model, *(t.to(ctx.device) for t in batch)).backward()
         opt.step()
-    peaks = {"backward_peak": bp.peak, "backward_parts": bp.parts} if impl in PEAKS else {}
+    peaks = {"backward_peak": peak.peak, "backward_parts": peak.parts, "at_units": peak.at_units} if impl in PEAKS else {}
     return dict(counter.payload), peaks
 
 
@@ -170,14 +181,15 @@ def run(ctx, args) -> dict:
                            ("own_fsdp_vs_fully_shard", got["own_fsdp"], got["fully_shard"]),
                            ("own_fsdp_bf16_vs_fully_shard_bf16", got["own_fsdp_bf16"], got["fully_shard_bf16"]),
                            ("own_fsdp_bf16_vs_own_fsdp", got["own_fsdp_bf16"], got["own_fsdp"])):
-            d = max_diff(a, b)
+            d, ulps = max_diff(a, b), max_ulps(a, b)
             bitwise = all(torch.equal(a[k], b[k]) for k in a)
-            res["parity"][name] = {"max_abs_diff": d, "bitwise": bitwise}
+            res["parity"][name] = {"max_abs_diff": d, "bitwise": bitwise, "max_ulps": ulps}
             print0(f"parity: impl={name} world_size={ctx.world_size} steps={args.steps} "
-                   f"max_abs_diff={d:.3g} bitwise={bitwise}")
-        by = res["bytes"]
-        res["state_ratio"] = by["own_fsdp"]["resident"] / by["ddp"]["resident"]
-        res["backward_peak_ratio"] = by["own_fsdp"]["backward_peak"] / by["ddp"]["backward_peak"]
+                   f"max_abs_diff={d:.3g} max_ulps={ulps:.3g} bitwise={bitwise}")
+        counted = res["bytes"]
+        res["state_ratio"] = counted["own_fsdp"]["resident"] / counted["ddp"]["resident"]
+        res["backward_peak_ratio"] = counted["own_fsdp"]["backward_peak"] / counted["ddp"]["backward_peak"]
+        res["prefetch_backward_peak_ratio"] = tl["overlapped"]["backward_peak"] / counted["ddp"]["backward_peak"]
     dist.barrier()
     return res
 
@@ -241,7 +253,8 @@ def main(argv=None):
           f"bf16_vs_fully_shard_bf16={par['own_fsdp_bf16_vs_fully_shard_bf16']['max_abs_diff']:.3g} "
           f"own_fsdp_fp32_max_abs_diff={par['own_fsdp']['max_abs_diff']:.3g} "
           f"own_fsdp_max_abs_diff={d:.3g} own_fsdp_state_ratio={res['state_ratio']:.4f} "
-          f"own_fsdp_backward_peak_ratio={res['backward_peak_ratio']:.4f}")
+          f"own_fsdp_backward_peak_ratio={res['backward_peak_ratio']:.4f} "
+          f"prefetch_backward_peak_ratio={res['prefetch_backward_peak_ratio']:.4f}")
     if d > args.tol:
         print(f"FAILED: own_fsdp_max_abs_diff {d:.3g} (fp64) > tol {args.tol:g}")
         return 1

@@ -13,6 +13,8 @@ two variants, interleaved, and keeps the last step of each:
   issued (``WaitingUnit``, a subclass for this measurement only);
 * overlapped: PrefetchUnits with prefetch, reduce-scatters in flight as own_fsdp.Unit leaves them.
 
+Then one more backward of the overlapped variant, not timed, counts its backward peak
+(own_fsdp_memory.BackwardPeak): with prefetch a second unit's full buffer is filling meanwhile.
 Per variant: each unit's intervals, and the share of the transfer time that lies under some
 unit's computation (``hidden``): all-gathers in forward, all-gathers and reduce-scatters in
 backward. The GPU node's version of the same step is own_fsdp_predict.py.
@@ -23,6 +25,7 @@ import threading
 
 from source_code import workload
 from source_code.measure import clock
+from source_code.sharding.own_fsdp_memory import BackwardPeak
 from source_code.sharding.own_fsdp_prefetch import PrefetchUnit
 
 
@@ -150,4 +153,8 @@ def timeline_run(ctx, cfg: dict, args, steps: int = 3) -> dict:
                 "backward_issue_order": [e["unit"] for e in backward if e["kind"] == "gather_issue"],
                 "backward_order": [e["unit"] for e in backward if e["kind"] == "done"]}
     out["batch"], out["seq"] = x.shape                # per rank: sequences, tokens in each
+    model, _, _, opt = runs["overlapped"]             # one more backward, counted, not timed
+    with BackwardPeak(model, opt, model) as peak:
+        workload.loss_fn(model, x.to(ctx.device), y.to(ctx.device)).backward()
+    out["overlapped"].update(backward_peak=peak.peak, backward_parts=peak.parts, at_units=peak.at_units)
     return out

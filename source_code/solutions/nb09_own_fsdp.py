@@ -24,10 +24,12 @@ def after_forward(unit, out):
 
 
 def reduce_grad(flat_grad):
-    """This rank's (c,) chunk of the mean over ranks of the (n,) ``flat_grad``, zero-padded."""
+    """This rank's (c,) fp32 chunk of the mean over ranks of the (n,) bf16 ``flat_grad``,
+    zero-padded, the ranks' gradients added in fp32."""
     world = dist.get_world_size()
     c = -(-flat_grad.numel() // world)                                   # ceil(n / N)
-    padded = torch.cat([flat_grad, flat_grad.new_zeros(c * world - flat_grad.numel())])  # (N * c,)
-    mine = flat_grad.new_empty(c)                                        # (c,)
+    grad = flat_grad.float()                                             # before the wire: added in fp32
+    padded = torch.cat([grad, grad.new_zeros(c * world - grad.numel())])  # (N * c,)
+    mine = grad.new_empty(c)                                             # (c,) fp32
     dist.reduce_scatter_tensor(mine, padded, op=dist.ReduceOp.SUM)
     return mine / world
