@@ -304,7 +304,7 @@ def test_entry_point_runs_and_its_summary_line_adds_up():
     """The entry point end to end at small sizes (``--goals-only``: the runs the summary line
     needs, from ``experiment``, the function the notebook runs at the defaults, whose cell
     asserts the goals on this same line): exit 0, and P is the model's shapes' count with two
-    plain steps, D is 1/H, G is the printed losses' gap. About 5 s on 2 cores."""
+    plain steps, D is 1/H, G is the printed losses' gap. About 10 s on 2 cores."""
     flags = {"steps": 40, "pretrain": 10, "every": 20, "batch": 8}
     s = harness.settings_with(**flags)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -29,7 +29,7 @@ from source_code.less_communication.slow_link import LinkInFlight, SlowLink
 from source_code.less_communication.streaming import StreamingDiLoCo
 from source_code.measure import clock
 
-SLEPT_STEPS = 10        # the slept link's all-reduce: this many measured steps
+SLEPT_STEPS = 20        # the slept link's all-reduce: this many measured steps
 IN_FLIGHT_SHARE = 0.4   # the in-flight link's all-reduce: this share of tau steps' compute
 
 
