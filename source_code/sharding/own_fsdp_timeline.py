@@ -7,7 +7,7 @@ is) and stamps with measure.clock: when each all-gather is issued and when its b
 arrived (the Work's future completes, on gloo's thread); when each unit computes, in forward
 (its forward hooks) and in backward (from its gather's end to its full gradient); when each
 reduce-scatter is issued, arrives, and is waited for. ``timeline_run`` trains a few steps of
-two variants, interleaved, and keeps the last step of each:
+two variants, interleaved (the first step of each warms up), and keeps the last step of each:
 
 * serial: every unit gathers when it starts, and waits for its reduce-scatter as soon as it is
   issued (``WaitingUnit``, a subclass for this measurement only);
@@ -117,7 +117,7 @@ def hidden_fraction(iv: dict, phase: str, kinds=("gather", "reduce")) -> float:
     return hidden / total if total else 0.0
 
 
-def timeline_run(ctx, cfg: dict, args, steps: int = 3) -> dict:
+def timeline_run(ctx, cfg: dict, args, steps: int = 2) -> dict:
     """Steps of the serial and the overlapped variant (interleaved), from rank 0's clock."""
     import torch
     from source_code.sharding.own_fsdp_prefetch import shard_with_prefetch
