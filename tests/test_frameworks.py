@@ -1,11 +1,12 @@
 """Lightning, Accelerate and DeepSpeed against the plain DDP script (source_code/frameworks/).
 
-The same model, seed and SGD for 4 epochs on 2 processes: Lightning's fully_shard (through
+The same model, seed and SGD for 2 epochs on 2 processes: Lightning's fully_shard (through
 ModelParallelStrategy) and DeepSpeed ZeRO-1 take the plain script's batches, so their weights
 must equal its weights up to rounding. Notebook 16 (run by nbval in the same suite) launches
 Lightning DDP, Accelerate with and without the plain script's loader and DeepSpeed ZeRO-2 and
-ZeRO-3 against the plain script and asserts the same equalities and accuracies: they are not
-launched a second time here. Every launch exits 0.
+ZeRO-3 against the plain script and asserts the same equalities and accuracies, and springs
+Accelerate's world-size trap (exit 2, one error line naming the fix, no traceback from the
+script): they are not launched a second time here. Every launch exits 0.
 """
 import json
 
@@ -13,8 +14,8 @@ import pytest
 
 from source_code.frameworks import compare
 
-EPOCHS = "4"
-WEIGHT_TOL = 1e-5      # rounding only: sums in another order, 92 SGD steps with momentum
+EPOCHS = "2"
+WEIGHT_TOL = 1e-5      # rounding only: sums in another order, 46 SGD steps with momentum
 
 
 def launch(name, path, *args):
@@ -38,21 +39,11 @@ def plain(tmp_path_factory):
 def test_same_steps_same_weights_as_plain_ddp(plain, tmp_path, name, args):
     base, base_path = plain
     res = launch(name, tmp_path / "w.pt", *args)
-    assert res["world_size"] == 2 and res["steps"] == compare.steps_of(base) == 92
+    assert res["world_size"] == 2 and res["steps"] == compare.steps_of(base) == 46
     diff = compare.weights_diff(base_path, tmp_path / "w.pt")
     print(f"{name} {args}: max |w - w_ddp| = {diff:.2e}, accuracy {res['accuracy']} vs {base['accuracy']}")
     assert diff <= WEIGHT_TOL
     assert abs(res["accuracy"] - base["accuracy"]) <= 1 / 360 + 1e-9  # at most one digit flips
-
-
-def test_accelerate_trap_fails_in_one_line(torchrun):
-    """N processes started, Accelerate without cpu=True on a CPU machine sees 1: exit 2, one line."""
-    res = torchrun("source_code.frameworks.accelerate_train", "--cpu", "no", nproc=2, check=False,
-                   device="cpu")
-    assert res.returncode != 0
-    errors = [ln for ln in res.stdout.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1 and "2 processes were asked for but Accelerate sees 1" in errors[0]
-    assert 'accelerate_train.py", line' not in res.stdout  # no traceback from the script itself
 
 
 @pytest.mark.parametrize("module, args, message", [
