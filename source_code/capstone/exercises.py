@@ -55,11 +55,11 @@ def handed_step(model, x, y, mesh):
     loss = global_token_loss(cp_logits(model, xs, ring), ys, count)
     loss.backward()
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=dp_group)                     # the other samples' part
-    for block in model.layers:                                      # ring attention:
-        for p in block.attn.parameters():                           # the other tokens' part
+        dist.all_reduce(p.grad, group=dp_group)
+    for block in model.layers:
+        for p in block.attn.parameters():
             dist.all_reduce(p.grad, group=cp_group)
-    return loss
+    return loss                                                     # this rank's share of the loss
 
 
 def step_runner(spec: Spec, train_step, dp: int = 2, cp: int = 2) -> Runner:

@@ -72,6 +72,17 @@ def flat_group(grid, dims: tuple):
     return _GROUPS[key]
 
 
+TOKEN_DIMS = ("dp", "cp", "ep")     # the mesh dimensions whose ranks read other tokens
+
+
+def token_group(grid):
+    """The ranks that read other tokens than this one: ``grid``'s data, context and expert
+    dimensions (one of them: its own group; several: flat_group). The tensor-parallel and
+    pipeline ranks of one copy read the same tokens."""
+    dims = tuple(n for n in grid.mesh_dim_names if n in TOKEN_DIMS)
+    return grid[dims[0]].get_group() if len(dims) == 1 else flat_group(grid, dims)
+
+
 def full_weights(model) -> dict:
     """name -> full tensor (DTensors gathered: a collective on every rank of their mesh)."""
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
@@ -85,6 +96,16 @@ def sum_gradients(params, group=None) -> None:
         if p.grad is not None:
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             dist.all_reduce(g, group=group)
+
+
+def sum_and_step(loss: torch.Tensor, model, opt, group=None) -> float:
+    """The end of a step whose ranks compute the whole model on their own tokens: backward,
+    gradients summed over ``group`` (sum_gradients), the optimizer's step, the loss reported."""
+    loss.backward()
+    sum_gradients(model.parameters(), group)
+    opt.step()
+    opt.zero_grad()
+    return report(loss, group)
 
 
 def report(loss: torch.Tensor, group=None) -> float:

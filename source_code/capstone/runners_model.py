@@ -19,7 +19,7 @@ import torch.distributed as dist
 from source_code.capstone import seed
 from source_code.capstone.cp_model import cp_logits, my_tokens
 from source_code.capstone.loss import global_token_count, global_token_loss, local_token_count
-from source_code.capstone.runner import Runner, Spec, full_weights, mesh, piece, report, sum_gradients
+from source_code.capstone.runner import Runner, Spec, full_weights, mesh, piece, report, sum_and_step
 from source_code.context_parallel.comm import Ring
 from source_code.expert_parallel import ep_dp
 from source_code.mesh.reference import make_optimizer
@@ -76,11 +76,7 @@ def context_parallel(spec: Spec) -> Runner:
     def step(x, y):
         ys = my_tokens(y, ring)                                          # my tokens' targets
         loss = global_token_loss(cp_logits(model, x, ring), ys, global_token_count([ys]))
-        loss.backward()
-        sum_gradients(model.parameters())                                # the other tokens'
-        opt.step()
-        opt.zero_grad()
-        return report(loss)
+        return sum_and_step(loss, model, opt)
     return Runner(step, lambda: full_weights(model))
 
 
