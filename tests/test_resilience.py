@@ -127,12 +127,14 @@ def test_ft_figures_could_come_out_otherwise():
     assert not lonely["heal_bitwise_equal"] and lonely["heal_step"] is None
 
 
-def test_restart_figures_on_made_up_logs():
-    """Rank 1 dies in the all-reduce after step 5; the snapshot is of step 4; attempt 1 redoes 5, 6."""
+def _restart_logs(late: float = 0.0) -> dict:
+    """Rank 1 dies in the all-reduce after step 5; the snapshot is of step 4; attempt 1 redoes 5, 6.
+    ``late``: rank 0 logs attempt 0's step 5 (and evaluates it) that much later than rank 1."""
     def steps(attempt, numbers, r):
         evs = []
         for s in numbers:
             t = s if attempt == 0 else 20 + s
+            t += late if (r, attempt, s) == (0, 0, 5) else 0.0
             evs.append(_ev(t, event="step", attempt=attempt, step=s, samples=16, begun=t - 0.5))
             if r == 0:             # rank 0 evaluates after each step: attempt 1's models differ
                 evs.append(_ev(t + 0.01, event="eval", step=s, eval_loss=10.0 - s - attempt / 2))
@@ -145,7 +147,11 @@ def test_restart_figures_on_made_up_logs():
             return steps(0, range(1, 6), r) + [_ev(5.5, event="kill", step=5, samples=32)] + steps(1, (5, 6), r)
         return (steps(0, range(1, 6), r) + [_ev(19.0, event="resume", attempt=1, step=4, seconds=0.01)]
                 + steps(1, (5, 6), r) + [_ev(27.0, event="end", step=6, digest="y", eval_loss=3.5)])
-    m = recovery.restart_metrics({0: rank(0), 1: rank(1)}, batch_size=32)
+    return {0: rank(0), 1: rank(1)}
+
+
+def test_restart_figures_on_made_up_logs():
+    m = recovery.restart_metrics(_restart_logs(), batch_size=32)
     assert (m["steps_lost"], m["resumed_from"], m["samples_lost"]) == (1, 4, 0)
     assert m["samples_trained"] == 6 * 32 and m["samples_thrown_away"] == 32 + 32   # step 5 once, in flight
     assert m["seconds_without_progress"] == pytest.approx(25.0 - 5.5)
@@ -155,6 +161,19 @@ def test_restart_figures_on_made_up_logs():
     assert held[3:] == [(4, 3.5, 6.0), (5, 4.5, 5.0), (4, 5.0, 6.0), (5, 24.5, 4.5), (6, 25.5, 3.5)], held
     assert recovery.loss_at_seconds(m["evals"], 5.0)["step"] == 4       # the kill's moment: rolled back
     assert recovery.loss_at_seconds(m["evals"], 24.5)["step"] == 5      # a commit's own moment: that step
+
+
+def test_restart_holds_its_snapshot_from_the_kill_whichever_rank_logs_late():
+    """Rank 0 logs (and evaluates) step 5 after rank 1 died in step 6: that evaluation is dated by
+    the first commit of step 5 (before the kill), and from the kill to the redone step 5 the job
+    holds the snapshot's step 4, the moment of every evaluation the same as ``commits``."""
+    m = recovery.restart_metrics(_restart_logs(late=0.7), batch_size=32)
+    kill, redo = m["kill_t"] - m["start_t"], m["commits"][5] - m["start_t"]
+    between = [e for e in m["evals"] if kill <= e["seconds"] < redo]
+    assert between and all(e["step"] == m["resumed_from"] for e in between), m["evals"]
+    for step, t in m["commits"].items():
+        if step > m["resumed_from"]:
+            assert recovery.loss_at_seconds(m["evals"], t - m["start_t"])["step"] == step
 
 
 def test_losses_at_equal_steps_and_time():

@@ -139,3 +139,12 @@ def test_a_reload_of_the_model_inside_the_answer_is_refused_and_undone():
     assert verdict.startswith("wrong") and "hidden" in verdict, verdict
     assert young_daly.best_interval is kept and kept(1.0, 3600.0) == best_interval(1.0, 3600.0)
     assert check_snapshot_every(snapshot_every_steps).startswith("correct")
+
+
+def test_the_band_is_tight_where_nearly_all_time_is_wasted():
+    """A snapshot beyond twice the MTBF wastes 96 %: 1 % more waste alone would accept half or
+    twice the best number of steps; the useful time's 1 % does not."""
+    case = next(c for c in CASES if c[0] >= 2 * _mtbf(c[2]))
+    best = best_interval(case[0], _mtbf(case[2])) / case[1]
+    assert right(round(best), case)
+    assert not right(math.floor(best / 2), case) and not right(math.ceil(2 * best), case)

@@ -101,7 +101,7 @@ def compare(steps: int = 20, kill_at: int = 10, snapshot_every: int = 8, step_se
     mtbf_s = 86400 / failures_per_day
     found = sdc_drill.drill(SDC_FAULTS, steps=8, world_size=3, stream=stream)
     return {"ft": ft, "restart": restart, "steps": ft["final_step"], "window_step": until,
-            "equal_seconds_after_kill": after, "replicas": replicas,
+            "equal_seconds_after_kill": after, "replicas": replicas, "batch_size": batch_size,
             "young_daly": {"snapshot_seconds": restart["snapshot_seconds"], "mtbf_seconds": mtbf_s,
                            "best_interval_seconds": young_daly.best_interval(restart["snapshot_seconds"], mtbf_s)},
             "sdc": found}

@@ -27,7 +27,7 @@ HIDDEN = ("waste_fraction", "best_interval", "young_interval", "daly_first_order
 HIDDEN_MESSAGE = ("young_daly's functions are hidden during the check: find the best whole number "
                   "of steps from section 2's waste formula yourself")
 
-TOLERANCE = 0.01       # at most 1 % more waste than the best whole number of steps
+TOLERANCE = 0.01       # at most 1 % more waste, and 1 % less useful time, than the best whole number of steps
 # (snapshot seconds, step seconds, failures per day): a laptop drill, a big cluster, a costly
 # snapshot, one near the MTBF, a flaky job, a snapshot slower than twice the MTBF, a snapshot
 # cheaper than a step
@@ -47,7 +47,10 @@ def least_waste(snapshot_s: float, step_s: float, failures_per_day: float) -> fl
 
 
 def right(steps, case) -> bool:
-    return steps >= 1 and waste(steps, *case) <= (1 + TOLERANCE) * least_waste(*case)
+    """Within 1 % of the best on both sides: the waste (tight where little is wasted) and the
+    useful time left (tight where nearly all of it is wasted, as with a snapshot beyond the MTBF)."""
+    got, best = waste(steps, *case), least_waste(*case)
+    return steps >= 1 and got <= (1 + TOLERANCE) * best and 1 - got >= (1 - TOLERANCE) * (1 - best)
 
 
 DALY = ("it is first-order Daly: right where the snapshot is cheap against the time between failures; "

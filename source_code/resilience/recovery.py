@@ -17,9 +17,10 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   again); each run's seconds there, the samples of steps kill+1..S it trained, its goodput
   (those samples per second) and its seconds lost: the window's length minus what its steps
   took before the kill (a run's median step time). Per failure, not per run length;
-* the model each run held against time (``evals``: from the commit of each evaluated step, and
-  for a restart the snapshot's model from the kill until its redone steps commit), for losses
-  at equal steps and at equal time after the kill.
+* the model each run held against time (``evals``: from the commit of each evaluated step by the
+  first process to commit it, the same moment as ``commits``; for a restart the snapshot's model
+  from the kill until its redone steps commit, the first attempt's later evaluations dropped),
+  for losses at equal steps and at equal time after the kill.
 """
 from __future__ import annotations
 
@@ -35,25 +36,40 @@ def _kill(events_by_rank: dict) -> dict:
     return kills[0]
 
 
-def _evals(events_by_rank: dict, t0: float, rollback: tuple | None = None) -> list:
+def _evals(events_by_rank: dict, t0: float, commit_of, rollback: tuple | None = None) -> list:
     """The model the job held from each moment on: every evaluation (the final one, in the
-    ``end`` event, included) dated by the commit of its step (the step event before it in the
-    same log), not by the moment it was logged; ``rollback`` = (time, step): from the kill on a
-    restarted job holds its snapshot's model (the last evaluation of that step before then)."""
-    out = set()
+    ``end`` event, included) dated by ``commit_of(attempt, step)``, the moment the run's
+    ``commits`` give that step (the first process to commit it: evaluations and commits on one
+    clock, whichever rank logged the evaluation). ``rollback`` = (time, step): a restarted job
+    holds its snapshot's model from the kill on (attempt 0's evaluation of that step), and
+    nothing attempt 0 evaluated counts after the kill."""
+    held = {}                                  # (seconds, step, attempt) -> eval loss
     for evs in events_by_rank.values():
-        committed_at = None
+        attempt = 0
         for e in evs:
-            if e.get("event") == "step" and e.get("committed", True):
-                committed_at = e["t"]
-            elif e.get("event") in ("eval", "end") and "eval_loss" in e and committed_at is not None:
-                out.add((committed_at - t0, e["step"], e["eval_loss"]))
+            if e.get("event") == "step":
+                attempt = e.get("attempt", 0)
+            elif e.get("event") in ("eval", "end") and "eval_loss" in e:
+                committed = commit_of(attempt, e["step"])
+                if committed is not None:
+                    held[(committed - t0, e["step"], attempt)] = e["eval_loss"]
     if rollback is not None:
-        t, step = rollback
-        held = [o for o in out if o[1] == step and o[0] <= t - t0]
-        if held:
-            out.add((t - t0, step, max(held)[2]))
-    return [{"seconds": s, "step": st, "eval_loss": loss} for s, st, loss in sorted(out)]
+        kill, step = rollback[0] - t0, rollback[1]
+        snapshot_loss = [loss for (seconds, st, attempt), loss in held.items() if st == step and attempt == 0]
+        held = {key: loss for key, loss in held.items() if key[2] != 0 or key[0] <= kill}
+        if snapshot_loss:
+            held[(kill, step, 0)] = snapshot_loss[-1]
+    return [{"seconds": seconds, "step": step, "eval_loss": held[(seconds, step, attempt)]}
+            for seconds, step, attempt in sorted(held)]
+
+
+def _first_commits(events: list) -> dict:
+    """(attempt, step) -> the moment the first process committed it."""
+    first = {}
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e.get("committed", True):
+            first.setdefault((e.get("attempt", 0), e["step"]), e["t"])
+    return first
 
 
 def _median(values: list) -> float:
@@ -136,7 +152,7 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "full_step": full[0] if full else None,          # back at full batch (every group)
             "final_step": max(e["step"] for e in ends) if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
-            "evals": _evals(events, t0)}
+            "evals": _evals(events, t0, lambda attempt, step: commits.get(step))}
 
 
 def restart_metrics(events: dict, batch_size: int) -> dict:
@@ -161,6 +177,7 @@ def restart_metrics(events: dict, batch_size: int) -> dict:
     commits = {}
     for e in sorted(lineage, key=lambda e: e["t"]):
         commits.setdefault(e["step"], e["t"])                           # the first rank to commit it, as for torchft
+    first = _first_commits(every)
     ends = [e for evs in events.values() for e in evs if e.get("event") == "end"]
     t0, last = min(e["begun"] for e in every), max(e["t"] for e in again)
     return {"kill_step": kill["step"], "kill_t": kill["t"], "start_t": t0, "resumed_from": start,
@@ -174,7 +191,8 @@ def restart_metrics(events: dict, batch_size: int) -> dict:
             "seconds": last - t0,
             "final_step": ends[0]["step"] if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
-            "evals": _evals(events, t0, rollback=(kill["t"], start))}
+            "evals": _evals(events, t0, lambda attempt, step: first.get((attempt, step)),
+                            rollback=(kill["t"], start))}
 
 
 def main(argv=None) -> int:
