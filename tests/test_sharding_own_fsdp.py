@@ -55,6 +55,10 @@ def test_two_ranks_bitwise_and_summary_line(torchrun, tmp_path):
     order = tl["backward_order"]
     for t, u in zip(order, order[1:]):
         assert bw[t]["reduce"][0] <= bw[u]["compute"][0] <= bw[t]["wait"], (t, u, bw)
+    # every replicated parameter's blocking all-reduce stamped once, in the backward, and its
+    # time taken out of the computation the transfers may hide under
+    assert len(tl["all_reduces"]) == len(res["replicated"]), (tl["all_reduces"], res["replicated"])
+    assert all(0 < a <= b for a, b in tl["all_reduces"]), tl["all_reduces"]
     serial = res["timeline"]["serial"]                  # each waited for before the next computes
     sw = {u: serial["intervals"][u]["backward"] for u in names}
     assert all(sw[t]["wait"] <= sw[u]["compute"][0] for t, u in zip(serial["backward_order"],
@@ -66,8 +70,8 @@ def test_two_ranks_bitwise_and_summary_line(torchrun, tmp_path):
     assert c["fully_shard_bf16"]["reduce_scatter"] == c["fully_shard"]["reduce_scatter"], c
     assert 2 * b["fully_shard_bf16"]["gathered"] == b["fully_shard"]["gathered"], b
     assert b["fully_shard_bf16"]["resident"] == b["fully_shard"]["resident"], b
-    mp, vs32 = (par[k]["max_abs_diff"] for k in ("own_fsdp_bf16_vs_fully_shard_bf16", "own_fsdp_bf16_vs_own_fsdp"))
-    assert par["own_fsdp_bf16_vs_fully_shard_bf16"]["max_ulps"] <= 4 and mp < vs32, par
+    mp = par["own_fsdp_bf16_vs_fully_shard_bf16"]["max_abs_diff"]
+    assert par["own_fsdp_bf16_vs_fully_shard_bf16"]["max_ulps"] <= 4, par
     assert f"bf16_vs_fully_shard_bf16={mp:.3g} " in m.string, m.string
 
 
@@ -117,3 +121,14 @@ def test_gpu_model_books_each_wait_to_the_transfer_on_the_link():
                     assert s <= own_time[unit] * (1 + 1e-9), (overlap, phase, unit, s, own_time[unit])
             idle = sum(sum(v.values()) for v in waited.values())
             assert walk["step_s"] == pytest.approx(compute + idle, rel=1e-9), (overlap, walk["step_s"])
+
+
+def test_hidden_share_leaves_the_blocking_all_reduces_out():
+    """own_fsdp_timeline.hidden_fraction: overlapping computations count once; an all-reduce
+    inside a unit's compute window is not computation."""
+    from source_code.sharding.own_fsdp_timeline import hidden_fraction
+    iv = {"a": {"backward": {"compute": (0.0, 10.0), "reduce": (5.0, 15.0)}},
+          "b": {"backward": {"compute": (8.0, 12.0)}}}
+    assert hidden_fraction(iv, "backward") == pytest.approx(0.7)          # 5..12 of 5..15
+    assert hidden_fraction(iv, "backward", blocked=[(6.0, 9.0)]) == pytest.approx(0.4)
+    assert hidden_fraction(iv, "backward", blocked=[(0.0, 20.0)]) == 0.0

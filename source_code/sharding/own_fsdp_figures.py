@@ -24,7 +24,8 @@ def bytes_figure(res: dict):
            label="gathered while block 0 computes (forward peak = top)")
     ax.bar(x[counted] + 0.2, backward, 0.38, color="tab:green", label="backward peak (counted)")
     prefetch = res.get("timeline", {}).get("overlapped", {}).get("backward_peak")
-    if prefetch is not None and "own_fsdp" in impls:     # a second unit full while one computes
+    plain = b.get("own_fsdp", {}).get("backward_peak")
+    if prefetch is not None and "own_fsdp" in impls and prefetch != plain:   # a second unit full at once
         ax.bar(x[impls.index("own_fsdp")] + 0.2, prefetch / kib, 0.38, fill=False, hatch="//",
                edgecolor="tab:green", label="backward peak with prefetch")
         backward = np.append(backward, prefetch / kib)
@@ -44,8 +45,9 @@ def timeline_figure(tl: dict):
     all-gathers, reduce-scatters) and its computation, forward and backward, from measured
     timestamps; both panels on one time axis."""
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
-    colors = {"gather": "tab:orange", "reduce": "tab:green", "compute": "tab:blue"}
-    names = {"gather": "all-gather in flight", "reduce": "reduce-scatter in flight", "compute": "unit computes"}
+    colors = {"gather": "tab:orange", "reduce": "tab:green", "compute": "tab:blue", "all_reduce": "tab:gray"}
+    names = {"gather": "all-gather in flight", "reduce": "reduce-scatter in flight", "compute": "unit computes",
+             "all_reduce": "LayerNorm all-reduce (blocks; not computation)"}
     for ax, key in zip(axes, ("serial", "overlapped")):
         run, seen = tl[key], set()
         units = list(run["intervals"])
@@ -59,6 +61,11 @@ def timeline_figure(tl: dict):
                     ax.barh(y, 1e3 * (b - a), 0.34, left=1e3 * a, color=colors[kind],
                             label=None if kind in seen else names[kind])
                     seen.add(kind)
+        for a, b in run.get("all_reduces", ()):        # a row of their own, below the units
+            ax.barh(len(units), 1e3 * (b - a), 0.34, left=1e3 * a, color=colors["all_reduce"],
+                    label=None if "all_reduce" in seen else names["all_reduce"])
+            seen.add("all_reduce")
+        units = units + (["norm all-reduces"] if run.get("all_reduces") else [])
         ax.set_yticks(range(len(units)), units)
         ax.invert_yaxis()
         h = run["hidden"]
@@ -67,6 +74,6 @@ def timeline_figure(tl: dict):
                      f"{h['backward']:.0%} of the backward's transfers", fontsize=9)
     axes[-1].set_xlabel("ms since the step started (rank 0)")
     handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 1.0))
+    fig.legend(handles, labels, loc="upper center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

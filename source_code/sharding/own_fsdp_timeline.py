@@ -6,7 +6,9 @@
 is) and stamps with measure.clock: when each all-gather is issued and when its bytes have
 arrived (the Work's future completes, on gloo's thread); when each unit computes, in forward
 (its forward hooks) and in backward (from its gather's end to its full gradient); when each
-reduce-scatter is issued, arrives, and is waited for. ``timeline_run`` trains a few steps of
+reduce-scatter is issued, arrives, and is waited for; and, given the model, each replicated
+parameter's blocking all-reduce (own_fsdp.average_gradient_hook: from its gradient to the end
+of its hooks), which the backward's "computation" excludes. ``timeline_run`` trains a few steps of
 two variants, interleaved (the first step of each warms up), and keeps the last step of each:
 
 * serial: every unit gathers when it starts, and waits for its reduce-scatter as soon as it is
@@ -15,8 +17,9 @@ two variants, interleaved (the first step of each warms up), and keeps the last 
 
 Then one more backward of the overlapped variant, not timed, counts its backward peak
 (own_fsdp_memory.BackwardPeak): with prefetch a second unit's full buffer is filling meanwhile.
-Per variant: each unit's intervals, and the share of the transfer time that lies under some
-unit's computation (``hidden``): all-gathers in forward, all-gathers and reduce-scatters in
+Per variant: each unit's intervals, the all-reduces' intervals, and the share of the transfer
+time that lies under some unit's computation, the all-reduces' time taken out of it (``hidden``;
+``hidden_with_all_reduces`` counts them as computation): all-gathers in forward, all-gathers and reduce-scatters in
 backward. The GPU node's version of the same step is own_fsdp_predict.py.
 """
 from __future__ import annotations
@@ -47,9 +50,11 @@ def on_arrival(work, fn) -> None:
         threading.Thread(target=lambda: (work.wait(), fn()), daemon=True).start()
 
 
-def record(units, device, phase: dict) -> list[dict]:
+def record(units, device, phase: dict, model=None) -> list[dict]:
     """Stamp every unit's transfers and computation into the returned list (a dict per event);
-    ``phase["now"]``, set by the caller, says "forward" or "backward"."""
+    ``phase["now"]``, set by the caller, says "forward" or "backward". With ``model`` (sharded
+    before), also each replicated parameter's all-reduce: its gradient hook stamps the start, a
+    post-accumulate hook registered after own_fsdp's (hooks run in that order) the end."""
     events = []
 
     def stamp(kind, unit):
@@ -84,7 +89,28 @@ def record(units, device, phase: dict) -> list[dict]:
         u.start_reduce, u.finish_reduce = start_reduce, finish_reduce
         u.module.register_forward_pre_hook(lambda m, a, u=u: stamp("compute", u))   # after unshard
         u.module.register_forward_hook(lambda m, a, o, u=u: stamp("done", u), prepend=True)
+    shards = {id(u.shard) for u in units}
+    for p in (model.parameters() if model is not None else ()):
+        if id(p) not in shards and p.requires_grad:
+            p.register_hook(lambda g: (stamp("all_reduce_start", units[0]), g)[1])
+            p.register_post_accumulate_grad_hook(lambda p: stamp("all_reduce_end", units[0]))
     return events
+
+
+def all_reduce_intervals(events: list[dict], t0: float) -> list[tuple[float, float]]:
+    """The replicated parameters' all-reduces, (start, end) each, t0 = 0 (one at a time: each
+    blocks the backward until it returns)."""
+    starts = [e["t"] - t0 for e in events if e["kind"] == "all_reduce_start"]
+    ends = [e["t"] - t0 for e in events if e["kind"] == "all_reduce_end"]
+    return list(zip(starts, ends))
+
+
+def _minus(spans, holes):
+    """The parts of the intervals ``spans`` outside every interval of ``holes``."""
+    for c, d in sorted(holes):
+        spans = [piece for a, b in spans
+                 for piece in ((a, min(b, c)), (max(a, d), b)) if piece[1] > piece[0]]
+    return spans
 
 
 def intervals(events: list[dict], t0: float) -> dict:
@@ -104,9 +130,17 @@ def intervals(events: list[dict], t0: float) -> dict:
     return out
 
 
-def hidden_fraction(iv: dict, phase: str, kinds=("gather", "reduce")) -> float:
-    """Share of the ``kinds`` transfer time of ``phase`` during which some unit was computing."""
-    computes = [v[phase]["compute"] for v in iv.values() if "compute" in v.get(phase, {})]
+def hidden_fraction(iv: dict, phase: str, kinds=("gather", "reduce"), blocked=()) -> float:
+    """Share of the ``kinds`` transfer time of ``phase`` during which some unit was computing,
+    the ``blocked`` intervals (the all-reduces) taken out of the computation."""
+    computes = sorted(v[phase]["compute"] for v in iv.values() if "compute" in v.get(phase, {}))
+    union = []
+    for a, b in computes:                       # computations may overlap: count each instant once
+        if union and a <= union[-1][1]:
+            union[-1] = (union[-1][0], max(b, union[-1][1]))
+        else:
+            union.append((a, b))
+    computes = _minus(union, blocked)
     total = hidden = 0.0
     for v in iv.values():
         for kind in kinds:
@@ -127,7 +161,7 @@ def timeline_run(ctx, cfg: dict, args, steps: int = 2) -> dict:
         model = workload.build_model(cfg, args.seed, ctx.device)
         units = (shard_with_prefetch(model, prefetch=False, unit_class=WaitingUnit) if name == "serial"
                  else shard_with_prefetch(model))
-        runs[name] = (model, units, record(units, ctx.device, phase), torch.optim.AdamW(model.parameters()))
+        runs[name] = (model, units, record(units, ctx.device, phase, model), torch.optim.AdamW(model.parameters()))
     out = {}
     for step in range(steps):
         x, y = workload.rank_slice(workload.global_batch(dataset, step, args.batch_size, args.seed),
@@ -143,13 +177,16 @@ def timeline_run(ctx, cfg: dict, args, steps: int = 2) -> dict:
             t2 = clock(ctx.device)
             opt.step()
             opt.zero_grad()
-            iv = intervals(list(events), t0)
+            iv, reduces = intervals(list(events), t0), all_reduce_intervals(list(events), t0)
             backward = sorted((e for e in events if e["phase"] == "backward"), key=lambda e: e["t"])
             out[name] = {
                 "intervals": iv, "forward_ms": 1e3 * (t1 - t0), "backward_ms": 1e3 * (t2 - t1),
                 "hidden": {"forward": hidden_fraction(iv, "forward"),
-                           "backward": hidden_fraction(iv, "backward"),
-                           "reduce": hidden_fraction(iv, "backward", ("reduce",))},
+                           "backward": hidden_fraction(iv, "backward", blocked=reduces),
+                           "reduce": hidden_fraction(iv, "backward", ("reduce",), blocked=reduces)},
+                "hidden_with_all_reduces": {"backward": hidden_fraction(iv, "backward"),
+                                            "reduce": hidden_fraction(iv, "backward", ("reduce",))},
+                "all_reduces": reduces, "all_reduce_ms": 1e3 * sum(b - a for a, b in reduces),
                 "backward_issue_order": [e["unit"] for e in backward if e["kind"] == "gather_issue"],
                 "backward_order": [e["unit"] for e in backward if e["kind"] == "done"]}
     out["batch"], out["seq"] = x.shape                # per rank: sequences, tokens in each
