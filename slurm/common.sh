@@ -23,7 +23,7 @@
 
 # ClusterName of the workshop's own test cluster (tests/slurm_cluster.py)
 LOCAL_CLUSTER=workshop
-SITE_STEP='eval "$(python -m source_code.launch.site_profiles --site <site> --account <project> --format exports)"'
+SITE_STEP='eval "$(python -m source_code.launch.site_profiles --site SITE --account PROJECT --format exports)"'
 if [ -z "${WORKSHOP_SITE:-}" ] && [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_CLUSTER_NAME:-}" != "$LOCAL_CLUSTER" ]; then
     if [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
         echo "error: no site set up for job $SLURM_JOB_ID on cluster ${SLURM_CLUSTER_NAME:-?}: run $SITE_STEP once in the shell you submit from (sites: $(cd "$ROOT/slurm/sites" && ls *.sh | sed 's/\.sh$//' | grep -v '^local' | tr '\n' ' ')), then sbatch again; WORKSHOP_DEVICE=cpu runs on the CPU without one" >&2
@@ -44,9 +44,20 @@ source "$profile"
 ALLOC_GPUS=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}
 ALLOC_GPUS=${ALLOC_GPUS##*:}
 [[ "$ALLOC_GPUS" =~ ^[0-9]+$ ]] || ALLOC_GPUS=0
+# Slurm tasks a node runs: the job's --ntasks-per-node, except in a script that starts one task
+# per GPU (TASK_PER_GPU=yes): one per GPU Slurm gave the node, whatever its #SBATCH line asked,
+# each with its share of the node's cores (STEP_CPUS_PER_TASK; 0: fewer cores than GPUs)
+TASKS_PER_NODE=${SLURM_NTASKS_PER_NODE:-1}
+STEP_CPUS_PER_TASK=
+if [ "${TASK_PER_GPU:-}" = yes ] && (( ALLOC_GPUS > 0 )); then
+    TASKS_PER_NODE=$ALLOC_GPUS
+    STEP_CPUS_PER_TASK=$(( ${SLURM_CPUS_ON_NODE:-$ALLOC_GPUS} / ALLOC_GPUS ))
+fi
 if [ -n "$SITE_GPU_REQUEST" ] && [ -n "${SLURM_JOB_ID:-}" ] && (( ALLOC_GPUS == 0 )) \
         && [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
-    echo "error: site $WORKSHOP_SITE runs on GPUs but job $SLURM_JOB_ID was given none: submit from a shell set up with ${SITE_STEP/<site>/$WORKSHOP_SITE} (or pass ${SITE_GPU_REQUEST/\{n\}/N} to sbatch); WORKSHOP_DEVICE=cpu runs on the CPU instead" >&2
+    step=${SITE_STEP/--site SITE/--site $WORKSHOP_SITE}
+    [[ "$WORKSHOP_SITE" == local* ]] && step=${step/ --account PROJECT/}   # the test cluster has no accounts
+    echo "error: site $WORKSHOP_SITE runs on GPUs but job $SLURM_JOB_ID was given none: submit from a shell set up with $step (or pass ${SITE_GPU_REQUEST/\{n\}/N} to sbatch); WORKSHOP_DEVICE=cpu runs on the CPU instead" >&2
     exit 2
 fi
 site_environment
@@ -108,13 +119,13 @@ srun_commands
 # one process per GPU; on a CPU-only site one per allocated core
 if [ -z "${NPROC_PER_NODE:-}" ]; then
     if [ -n "$SITE_GPU_REQUEST" ]; then
-        NPROC_PER_NODE=${SLURM_GPUS_ON_NODE:-$SITE_GPUS_PER_NODE}
+        NPROC_PER_NODE=$(( ALLOC_GPUS > 0 ? ALLOC_GPUS : SITE_GPUS_PER_NODE ))
     else
         NPROC_PER_NODE=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
     fi
 fi
 # inside a GPU allocation one process per GPU at most (outside Slurm, the device policy's note)
-procs=$(( NPROC_PER_NODE * ${SLURM_NTASKS_PER_NODE:-1} ))
+procs=$(( NPROC_PER_NODE * TASKS_PER_NODE ))
 if (( ALLOC_GPUS > 0 && procs > ALLOC_GPUS )) && [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
     echo "error: $procs process(es) per node but job $SLURM_JOB_ID has $ALLOC_GPUS GPU(s) per node: one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for more GPUs" >&2
     exit 2
@@ -123,8 +134,8 @@ fi
 if (( ALLOC_GPUS > 0 && procs < ALLOC_GPUS )); then
     echo "note: $procs process(es) per node for $ALLOC_GPUS GPU(s) per node: $(( ALLOC_GPUS - procs )) GPU(s) idle; one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for fewer GPUs"
 fi
-# fewer cores per GPU than the profile's share: sbatch has no input variable for cores in Slurm
-# 22.05 (newer sbatch reads SBATCH_TRES_PER_TASK=cpu=N), so the site step cannot set them
+# fewer cores per GPU than the profile's share: the site step cannot set cores, since sbatch
+# refuses its SBATCH_CPUS_PER_GPU beside the job scripts' --cpus-per-task ("mutually exclusive")
 share=$(( SITE_GPUS_PER_NODE > 0 ? SITE_CPUS_PER_NODE / SITE_GPUS_PER_NODE : 0 ))
 (( share > ${SITE_MAX_CPUS_PER_GPU:-$share} )) && share=$SITE_MAX_CPUS_PER_GPU
 if (( ALLOC_GPUS > 0 && share > 0 )) && [ -n "${SLURM_CPUS_ON_NODE:-}" ] \
@@ -139,8 +150,8 @@ elif [ "${SITE_GPUS_COUNTED_ONLY:-}" = yes ]; then   # the test cluster's GPUs: 
 fi
 # the CPU cores of a task are shared by its processes: no oversubscription by OpenMP threads
 # (one task per node: the node's whole allocation, as SRUN_PER_NODE gives it)
-task_cpus=${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE}
-[ "${SLURM_NTASKS_PER_NODE:-1}" = 1 ] && task_cpus=${SLURM_CPUS_ON_NODE:-$task_cpus}
+task_cpus=${STEP_CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-$NPROC_PER_NODE}}
+[ "$TASKS_PER_NODE" = 1 ] && task_cpus=${SLURM_CPUS_ON_NODE:-$task_cpus}
 export OMP_NUM_THREADS=$(( task_cpus / NPROC_PER_NODE > 0 ? task_cpus / NPROC_PER_NODE : 1 ))
 
 # rendezvous: the first host of the job (under its fast-network name where the profile has a

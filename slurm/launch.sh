@@ -7,7 +7,8 @@
 #                  or WORKSHOP_CONTAINER=/path/image.sif: $CONTAINER_RUNTIME exec --bind ROOT IMAGE
 #                  (CONTAINER_RUNTIME default: the profile's apptainer or singularity)
 #   SRUN_PER_NODE  srun starting one task per node (all the node's allocated cores), through slurm/per_node.sh
-#   SRUN_PER_GPU   srun starting the job's tasks (one per GPU), through slurm/per_node.sh
+#   SRUN_PER_GPU   srun starting the job's tasks (with TASK_PER_GPU: one per GPU of the node),
+#                  through slurm/per_node.sh
 #   torchrun_command NNODES [OPTION...]   sets TORCHRUN_CMD: the launcher, its options, the module
 
 print_command() { printf '%q ' "$@"; echo; }
@@ -39,10 +40,23 @@ srun_commands() {
     SRUN_PER_NODE=("${srun[@]}" --ntasks-per-node=1 ${SLURM_CPUS_ON_NODE:+--cpus-per-task=$SLURM_CPUS_ON_NODE}
                    "${site_args[@]}" bash "$ROOT/slurm/per_node.sh")
     SRUN_PER_GPU=("${srun[@]}")
+    # a script with one task per GPU (common.sh: TASK_PER_GPU): as many tasks a node as Slurm
+    # gave it GPUs, each with its share of the cores; fewer cores than GPUs (a shared partition
+    # without --cpus-per-task): the tasks share them (--overcommit), and common.sh says so
+    if [ -n "${STEP_CPUS_PER_TASK:-}" ]; then
+        local nodes=${SLURM_JOB_NUM_NODES:-1}
+        SRUN_PER_GPU+=(--nodes="$nodes" --ntasks=$(( TASKS_PER_NODE * nodes ))
+                       --ntasks-per-node="$TASKS_PER_NODE")
+        if (( STEP_CPUS_PER_TASK > 0 )); then
+            SRUN_PER_GPU+=(--cpus-per-task="$STEP_CPUS_PER_TASK")
+        else
+            SRUN_PER_GPU+=(--cpus-per-task=1 --overcommit)
+        fi
+    fi
     # CPU-to-GPU binding for one task per GPU: only where the node runs one task per mask
     local masks=()
     IFS=, read -r -a masks <<< "${SITE_CPU_MASKS:-}"
-    if [ "${#masks[@]}" -gt 0 ] && [ "${SLURM_NTASKS_PER_NODE:-0}" = "${#masks[@]}" ]; then
+    if [ "${#masks[@]}" -gt 0 ] && [ "${TASKS_PER_NODE:-${SLURM_NTASKS_PER_NODE:-0}}" = "${#masks[@]}" ]; then
         SRUN_PER_GPU+=("--cpu-bind=mask_cpu:${SITE_CPU_MASKS}")
     fi
     SRUN_PER_GPU+=(bash "$ROOT/slurm/per_node.sh")

@@ -26,7 +26,9 @@ never disagree (one on the CPU with gloo, the others waiting for it on NCCL). Th
    local-rank order: ``cuda:LOCAL_RANK``. GPUs are told apart by their UUID, so two processes
    that see the same single GPU (``CUDA_VISIBLE_DEVICES=1`` for both) are caught.
 5. Fewer GPUs on a node than processes (a laptop with one GPU running a 4-process demo):
-   CPU + gloo for every rank of the job, said in one line. Two ranks never share a GPU under
+   CPU + gloo for every rank of the job, said in one line; inside a Slurm GPU allocation that
+   has a GPU for every process, but a hand-exported ``CUDA_VISIBLE_DEVICES`` hides them, an
+   error naming the fix instead. Two ranks never share a GPU under
    NCCL, and one node on the CPU puts the whole job there: one kind of device per job.
 6. No CUDA: CPU + gloo. (ROCm GPUs count as CUDA in PyTorch: same rules, RCCL behind "nccl".)
 """
@@ -185,11 +187,24 @@ def node_placements(envs, views) -> list[Placement]:
         places.append(Placement(torch.device("cuda", index), MIXED))
     gpus = len({gpu for ids in seen for gpu in ids})
     if None in taken or len(set(taken)) < n:
+        _refuse_hidden_allocation(envs[0], n, gpus)
         return [Placement(CPU.device, CPU.backend,
                           f"note: {n} processes on this node but {gpus} GPU(s): all of them compute "
                           "on the CPU with gloo (NCCL needs one GPU per process; use "
                           f"--nproc-per-node={gpus} to train on the GPUs)")] * n
     return places
+
+
+def _refuse_hidden_allocation(env, n: int, gpus: int) -> None:
+    """Inside a Slurm GPU allocation with a GPU for every process, a *_VISIBLE_DEVICES exported
+    by hand (not Slurm's per-task binding) that hides some of them is an error, not a CPU run."""
+    given = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    hidden = next((k for k in VISIBLE if env.get(k, "").strip()), "")
+    if given.isdigit() and int(given) >= n > gpus and hidden and not env.get("SLURM_GPUS_PER_TASK"):
+        raise DeviceError(
+            f"error: Slurm gave this node {given} GPU(s) for {n} processes, but {hidden}={env[hidden]} "
+            f"shows them {gpus}: do not export {hidden} in the job script or the submitting shell "
+            "(Slurm sets it), or WORKSHOP_DEVICE=cpu to run on the CPU on purpose")
 
 
 def job_placements(nodes) -> list[Placement]:

@@ -198,3 +198,18 @@ def test_an_srun_task_alone_trusts_the_gpu_slurm_gave_it_but_torchrun_children_d
     assert str(choose(5, 8, env=lumi, gpus=one).device) == "cuda:0"
     children = {**task, "TORCHELASTIC_RUN_ID": "42"}
     assert choose(2, 4, env=children, gpus=one).device.type == "cpu"
+
+
+def test_a_hand_exported_visible_devices_in_a_slurm_gpu_allocation_is_refused():
+    """export CUDA_VISIBLE_DEVICES=0 in a job that Slurm gave 4 GPUs: 4 tasks see one; no CPU run."""
+    uuid = node_gpus(4)[0]
+    envs = [{"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0", "SLURM_LOCALID": str(i)} for i in range(4)]
+    with pytest.raises(DeviceError) as err:
+        node_placements(envs, [sees(uuid)] * 4)
+    message = err.value.message
+    assert "\n" not in message and "Slurm gave this node 4 GPU(s) for 4 processes" in message
+    assert "do not export CUDA_VISIBLE_DEVICES" in message and "WORKSHOP_DEVICE=cpu" in message
+    # on purpose on the CPU: allowed; more processes than the allocation's GPUs: the CPU note, as before
+    assert devices(node_placements([{**e, "WORKSHOP_DEVICE": "cpu"} for e in envs], [sees(uuid)] * 4)) == ["cpu"] * 4
+    placed = node_placements([{"SLURM_GPUS_ON_NODE": "1", "CUDA_VISIBLE_DEVICES": "0"}] * 2, [sees(uuid)] * 2)
+    assert devices(placed) == ["cpu", "cpu"] and "2 processes on this node but 1 GPU" in placed[0].note

@@ -19,6 +19,8 @@ WRONG = {
         SCRIPT.replace('--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"',
                        '--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --node-rank=$SLURM_NODEID'),
         "which shell expands"),
+    # an endpoint without a backend: torchrun's default (static) gives both nodes node rank 0
+    "no rendezvous backend": (SCRIPT.replace("--rdzv-backend=c10d ", ""), "default rendezvous backend (static)"),
     "an account": (SCRIPT.replace("#SBATCH --time", "#SBATCH --account=project_2001234\n#SBATCH --time"),
                    "SBATCH_ACCOUNT"),
 }
@@ -68,6 +70,17 @@ def test_typical_mistakes_are_named_before_anything_is_submitted(name):
 def test_the_untouched_template_is_not_an_answer():
     with pytest.raises(NotImplementedError, match="not done yet"):
         ex.check_job_script(ex.TEMPLATE)
+    # the notebook's starting script: the template with TODO comments, still not an answer
+    noted = ex.TEMPLATE.replace("#SBATCH --nodes=1", "#SBATCH --nodes=1                                # TODO: two nodes")
+    with pytest.raises(NotImplementedError, match="not done yet"):
+        ex.check_job_script(noted.replace("\ntorchrun", "\n# TODO: one torchrun per node\ntorchrun"))
+
+
+def test_a_right_script_that_keeps_the_todo_comments_is_an_answer():
+    noted = SCRIPT.replace("#SBATCH --nodes=2", "#SBATCH --nodes=2                                # TODO: two nodes")
+    noted = noted.replace("\nsrun torchrun", "\n# TODO: one torchrun per node, all meeting in one rendezvous\nsrun torchrun")
+    assert noted.count("TODO") == 2
+    assert ex.check_job_script(noted, submit_if_possible=False).startswith(("correct", "the script reads right"))
 
 
 @pytest.mark.slurm

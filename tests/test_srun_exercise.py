@@ -13,15 +13,18 @@ from source_code.solutions.nb06_srun import LINE
 
 WRONG = {
     # read by the batch shell: every node gets node rank 0
-    'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES"':
+    'srun --ntasks=$SLURM_NNODES bash -c "echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES"':
         "every task printed --node-rank=0",
     # one task per slot of the job, not one per node
     r'srun bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"': "tasks started on",
+    # --ntasks-per-node=1 alone: srun takes the job's SLURM_NTASKS as -n and ignores it (real Slurm does)
+    r'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"':
+        "tasks started on",
     # no shell in the task: the variable arrives as text
-    r"srun --ntasks-per-node=1 echo torchrun --node-rank='$SLURM_NODEID' --nnodes='$SLURM_NNODES'":
+    r"srun --ntasks=$SLURM_NNODES echo torchrun --node-rank='$SLURM_NODEID' --nnodes='$SLURM_NNODES'":
         "no shell there expanded it",
     # the node count typed in: right on 2 nodes only
-    r'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=2"':
+    r'srun --ntasks=$SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=2"':
         "on 3 nodes the tasks printed --nnodes=2",
     # no srun: the batch script's one shell
     "echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES": "does not start anything with srun",
@@ -32,14 +35,19 @@ WRONG = {
 
 def test_reference_and_its_single_quoted_form_pass(capsys):
     assert problem(LINE) == ""
-    single = "srun --ntasks-per-node=1 bash -c 'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'"
+    single = "srun --ntasks=$SLURM_NNODES bash -c 'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'"
     assert problem(single) == ""
     # one task a node said by the task count: srun spreads them one a node
     for other in (r'srun --ntasks=$SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"',
                   r'srun -N $SLURM_NNODES -n $SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID '
                   r'--nnodes=\$SLURM_NNODES"',
-                  "srun --nodes=$SLURM_NNODES --ntasks-per-node=1 bash -c "
-                  "'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'"):
+                  "srun --nodes=$SLURM_NNODES --ntasks=$SLURM_NNODES bash -c "
+                  "'echo torchrun --node-rank=$SLURM_NODEID --nnodes=$SLURM_NNODES'",
+                  # the step's node count (srun sets it in every task), or the job's, the same everywhere
+                  r'srun -n $SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID '
+                  r'--nnodes=\$SLURM_STEP_NUM_NODES"',
+                  r'srun --ntasks=$SLURM_NNODES bash -c "echo torchrun --node-rank=\$SLURM_NODEID '
+                  r'--nnodes=$SLURM_JOB_NUM_NODES"'):
         assert problem(other) == "", other
     check_srun_line(LINE)
     assert capsys.readouterr().out.startswith("right:")

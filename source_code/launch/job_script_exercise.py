@@ -103,6 +103,11 @@ def read_problems(script: str) -> list[str]:
     elif "--rdzv-endpoint" not in launch and not static:
         problems.append("the torchruns must meet: tell them where (the script computes an address and a "
                         "port) and how (torchrun --help: the rendezvous options)")
+    elif "--rdzv-endpoint" in launch and "--node-rank" not in launch \
+            and not re.search(r"--rdzv-backend[= ]\"?c10d", launch):
+        problems.append("where the torchruns meet is said, but not how: torchrun's default rendezvous "
+                        "backend (static) gives every node node rank 0 unless told its own; which "
+                        "backend hands out the ranks itself? (torchrun --help)")
     elif static and "bash -c" not in launch and re.search(r"--node-rank[= ]\"?\$\{?SLURM_(NODEID|PROCID)", launch):
         problems.append("--node-rank: which shell expands that $ variable, the batch shell on the first "
                         "node or a shell in each task? (section 12)")
@@ -141,8 +146,20 @@ def run_problems(job: jobs.Job) -> list[str]:
     return problems
 
 
+def _code(script: str) -> list[str]:
+    """The script's lines without comments and blank lines (#SBATCH and #! lines kept)."""
+    lines = []
+    for line in script.splitlines():
+        if line.lstrip().startswith("#") and not line.startswith(("#SBATCH", "#!")):
+            continue
+        line = re.sub(r"\s+#\s.*$", "", line).strip()
+        if line:
+            lines.append(" ".join(line.split()))
+    return lines
+
+
 def check_job_script(script: str, submit_if_possible: bool = True) -> str:
-    if "TODO" in script or script.strip() == TEMPLATE.strip():
+    if _code(script) == _code(TEMPLATE):    # comments (the notebook's TODO notes) do not count
         raise NotImplementedError("exercise not done yet: edit the script, then run this cell again")
     problems = read_problems(script)
     if problems:

@@ -48,13 +48,13 @@ def layouts() -> list[Layout]:
     lumi = {"SLURM_GPUS_ON_NODE": "8"}
     mahti = {"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     return [
-        Layout("torchrun per node (Mahti, Puhti)", "--gres=gpu:a100:4; srun --ntasks-per-node=1 torchrun "
+        Layout("torchrun per node (Mahti, Puhti)", "--gres=gpu:a100:4; one Slurm task per node runs torchrun "
                "--nproc-per-node=4", tuple({**mahti, "LOCAL_RANK": str(i)} for i in four), (four,) * 4, 4),
         Layout("one task per GPU (Mahti)", "srun --ntasks-per-node=4 --gpus-per-task=1",
                tuple({"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_TASK": "1", "SLURM_LOCALID": str(i),
                       "SLURM_STEP_NUM_TASKS": "4", "CUDA_VISIBLE_DEVICES": "0"} for i in four),
                tuple((i,) for i in four), 4),
-        Layout("torchrun per node (LUMI)", "--gpus-per-node=8; srun --ntasks-per-node=1 torchrun "
+        Layout("torchrun per node (LUMI)", "--gpus-per-node=8; one Slurm task per node runs torchrun "
                "--nproc-per-node=8", tuple({**lumi, "LOCAL_RANK": str(i)} for i in eight), (eight,) * 8, 8,
                MI250X),
         Layout("one task per GCD, select-GPU wrapper (LUMI)", "--gpus-per-node=8; srun --ntasks-per-node=8 "

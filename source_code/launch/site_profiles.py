@@ -226,12 +226,14 @@ def args(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00"
 
 
 def table(gpus: int) -> list[dict]:
-    """One row per site: the layout of ``gpus`` GPUs (used by the launching notebook)."""
+    """One row per site: the layout of ``gpus`` GPUs (used by the launching notebook), or the
+    one-line error the calculator gives (whole nodes, the partition's node and time limits)."""
     rows = []
     for key in sites():
         site = load(key)
         try:
             nodes, per_node = layout(site, gpus)
+            sbatch_options(key, gpus)              # the partition's limits, as sbatch lines get them
         except ProfileError as err:
             rows.append({"site": key, "error": err.message})
             continue

@@ -10,7 +10,8 @@ that task's value.
 
 ``in_job_script(line, tasks)`` runs ``line`` through a real bash, as a batch script would, with
 ``srun`` replaced by a function that starts its command once per task with that task's
-``SLURM_PROCID``, ``SLURM_LOCALID`` and ``SLURM_NODEID``, one after the other: the quoting is bash's own, only the
+``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_NUM_NODES``,
+``SLURM_STEP_NUM_TASKS``, one after the other: the quoting is bash's own, only the
 scheduler is pretended. ``on_cluster(line, tasks)`` runs the same line in a real job and sorts
 its lines, since real tasks finish in any order.
 """
@@ -27,8 +28,9 @@ from source_code.errors import LaunchError, run_main
 
 # srun's options that take a separate value (the others are --flag or --option=value)
 _WITH_VALUE = {"-c", "--cpus-per-task", "-o", "--output", "-J", "--job-name", "--jobid"}
-# the task layout: --ntasks-per-node, -n/--ntasks and -N/--nodes are honoured; tasks spread over
-# the nodes in blocks, as evenly as they go (Slurm's default distribution), at least one a node
+# the task layout: --ntasks-per-node, -n/--ntasks and -N/--nodes are honoured as srun does in a
+# batch job (the job's SLURM_NTASKS is its -n when none is given); tasks spread over the nodes in
+# blocks, as evenly as they go (Slurm's default distribution), at least one a node
 PRETEND_SRUN = r"""
 srun() {
     local per_node=$TASKS_PER_NODE ntasks="" nodes=$SLURM_NNODES given_per_node=""
@@ -47,6 +49,12 @@ srun() {
             *) break ;;
         esac
     done
+    # in a batch job srun reads the job's SLURM_NTASKS as its -n, and ignores a --ntasks-per-node
+    # that does not fit it (with Slurm's own warning)
+    if [ -z "$ntasks" ] && [ -n "$given_per_node" ] && (( ${SLURM_NTASKS:-0} != nodes * per_node )); then
+        echo "srun: Warning: can't honor --ntasks-per-node set to $per_node which doesn't match the requested tasks $SLURM_NTASKS with the number of requested nodes $nodes. Ignoring --ntasks-per-node." >&2
+        ntasks=$SLURM_NTASKS given_per_node=""
+    fi
     if [ -n "$ntasks" ] && [ -z "$given_per_node" ]; then
         (( nodes > ntasks )) && nodes=$ntasks
     else
@@ -57,7 +65,8 @@ srun() {
         here=$(( ntasks / nodes + (node < ntasks %% nodes ? 1 : 0) ))
         for ((i = 0; i < here; i++)); do
             ( export SLURM_PROCID=$task SLURM_LOCALID=$i SLURM_NODEID=$node \
-                     SLURMD_NODENAME=n$((node + 1)) SLURM_STEP_NUM_TASKS=$ntasks; "$@" ) || return $?
+                     SLURMD_NODENAME=n$((node + 1)) SLURM_STEP_NUM_TASKS=$ntasks \
+                     SLURM_STEP_NUM_NODES=$nodes SLURM_STEP_TASKS_PER_NODE=$here; "$@" ) || return $?
             task=$((task + 1))
         done
     done

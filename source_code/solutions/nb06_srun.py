@@ -5,5 +5,7 @@
 
 Escaped, ``$SLURM_NODEID`` and ``$SLURM_NNODES`` reach each task's own ``bash -c`` as text and
 are expanded there, with that task's values (single quotes around the command do the same).
+``--ntasks-per-node=1`` alone is not enough in a batch job: srun takes the job's task count
+(``SLURM_NTASKS``) as its ``-n`` and ignores a per-node count that does not fit it.
 """
-LINE = r'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"'
+LINE = r'srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"'
