@@ -176,6 +176,16 @@ def _optimizer_after_join(model, opt, steps: int, samples, ids: list[int]) -> di
     return out
 
 
+def hang_at_the_end(reports: list[dict]) -> bool:
+    """Whether the hang is the uneven shards' one: every rank timed out, the ranks with the fewest
+    batches in the barrier, every rank after the shortest rank's last step."""
+    fewest = min(r["batches"] for r in reports)
+    return (all(r["hang"] for r in reports)
+            and {r["rank"] for r in reports if r["where"].startswith("the barrier")}
+            == {r["rank"] for r in reports if r["batches"] == fewest}
+            and all(r["steps"] == fewest for r in reports))
+
+
 def diagnose(reports: list[dict], timeout_s: float) -> list[str]:
     """One line per rank, then the verdict, in the style of notebook 15's hang drill."""
     lines = [f"[rank {r['rank']}] {r['batches']} batches, {r['steps']} steps done, waiting in {r['where']}: "

@@ -15,10 +15,12 @@ Only paths under ``root`` count. An open made in C++ without Python (pyarrow's o
 readers) is not seen: the Arrow reader of formats.py opens its file through Python.
 
 What is counted is what Python asks for; what it does not see: the ``fstat`` that ``open()``
-and buffered reads make on a descriptor already open, the ``close`` (on Lustre a request to the
-metadata server too), and the first read of each file, a request to a storage target (OST)
-unless the site keeps small files on the metadata server (Data-on-MDT). So the model below
-charges one round trip per counted request and leaves those out.
+and buffered reads make on a descriptor already open (on Lustre its attributes come back with
+the open's request to the metadata server, but the size is the storage targets' (OSTs) to tell,
+a glimpse, unless the site keeps small files on the metadata server: Data-on-MDT), the ``close``
+(on Lustre a request to the metadata server too), and the first read of each file, a request to
+a storage target unless the file is on the metadata server. So the model below charges one
+round trip per counted request and leaves those out.
 
 On Lustre (and GPFS) each counted request goes to a metadata server over the network, while on
 a local disk with a warm cache it costs microseconds. ``waiting`` is what one reader waits for

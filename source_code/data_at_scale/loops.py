@@ -6,6 +6,7 @@ what happened, and the Slurm job (train.py) passes ``on_step`` to log what each 
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 
@@ -38,7 +39,8 @@ def train_epoch_joined(model, optimizer, batches, resync_optimizer: bool = True)
 
     At the end Join broadcasts the model of the last rank to finish, and nothing else: the
     ranks that finished early skipped the last ``optimizer.step()``s, so their optimizer state
-    (AdamW's moments and step count) is behind. ``sync_optimizer`` gives them the same state."""
+    (AdamW's moments and step count) is behind, and so would be an LR scheduler's and a
+    GradScaler's: ``sync_optimizer`` gives them the same state (pass those to it too)."""
     with Join([model]):
         steps = run_batches(model, optimizer, batches)
     if resync_optimizer:
@@ -47,15 +49,32 @@ def train_epoch_joined(model, optimizer, batches, resync_optimizer: bool = True)
     return steps
 
 
-def sync_optimizer(optimizer, steps: int) -> None:
-    """Every rank takes the optimizer state of the rank that finished last (the one whose model
-    Join broadcast: the most steps, the highest rank on a tie)."""
+def sync_optimizer(optimizer, steps: int, *others) -> None:
+    """Every rank takes the state of the rank that finished last (the one whose model Join
+    broadcast: the most steps, the highest rank on a tie): the optimizer's, and that of each of
+    ``others`` (anything with ``state_dict``/``load_state_dict``: the LR scheduler and the
+    GradScaler, which the early ranks also stepped fewer times). The states travel pickled
+    (``broadcast_object_list``) with every tensor moved to the CPU first, so no CUDA tensor is
+    pickled; the optimizer's ``load_state_dict`` moves its state to its parameters' device."""
     taken = [None] * dist.get_world_size()
     dist.all_gather_object(taken, steps)
     last = max(range(len(taken)), key=lambda r: (taken[r], r))
-    state = [optimizer.state_dict()]
-    dist.broadcast_object_list(state, src=last)
-    optimizer.load_state_dict(state[0])
+    owners = [optimizer, *others]
+    states = [_on_cpu([owner.state_dict() for owner in owners])]
+    dist.broadcast_object_list(states, src=last)
+    for owner, state in zip(owners, states[0]):
+        owner.load_state_dict(state)
+
+
+def _on_cpu(obj):
+    """``obj`` with every tensor in its dicts, lists and tuples copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {key: _on_cpu(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(value) for value in obj)
+    return obj
 
 
 def train_from_cursor(model, optimizer, cursor, samples, rank: int, world: int,
