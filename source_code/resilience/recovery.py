@@ -14,9 +14,9 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   samples may be trained in another computation, as a restart's redone steps are);
 * the same window for both ways (``window``): from the kill to the commit of one global step
   ``S`` at which both are back at full batch (the first step torchft trains with every group
-  again); each run's seconds there, the samples of steps kill+1..S it trained, its goodput
-  (those samples per second) and its seconds lost: the window's length minus what its steps
-  took before the kill (a run's median step time). Per failure, not per run length;
+  again); each run's seconds there, the samples of steps kill+1..S it trained and its goodput
+  (those samples per second). Per failure, not per run length; what a run pays on every step,
+  failure or not, is its step before the kill (``step_seconds``, the median), not counted here;
 * the model each run held against time (``evals``: from the commit of each evaluated step by the
   first process to commit it, the same moment as ``commits``; for a restart the snapshot's model
   from the kill until its redone steps commit, the first attempt's later evaluations dropped),
@@ -89,8 +89,7 @@ def window(run: dict, kill_step: int, until: int, batch_size: int) -> dict:
     seconds = run["commits"][until] - run["kill_t"]
     trained = sum(run["trained"].get(s, 0) for s in steps)
     return {"until_step": until, "seconds": seconds, "samples_trained": trained,
-            "samples_missing": len(steps) * batch_size - trained, "goodput": trained / seconds,
-            "seconds_lost": seconds - len(steps) * run["step_seconds"]}
+            "samples_missing": len(steps) * batch_size - trained, "goodput": trained / seconds}
 
 
 def loss_at_seconds(evals: list, seconds: float) -> dict:
