@@ -45,13 +45,14 @@ def test_a_day_too_long_and_a_notebook_without_its_time_are_refused(tmp_path, mo
 
 
 def test_the_sbatch_pattern_is_the_one_the_sbatch_lines_test_submits():
-    """The column "prints sbatch lines" reads the pattern tests/test_sbatch_lines.py submits (read
-    from its source: importing it would collect the cluster's lines)."""
+    """The column "prints sbatch lines" and tests/test_sbatch_lines.py read the lines with the
+    same function (checked in its source: importing it would collect the cluster's lines)."""
     import ast
     tree = ast.parse((course_plan.NOTEBOOKS.parent / "tests" / "test_sbatch_lines.py").read_text())
-    call = next(node.value for node in tree.body if isinstance(node, ast.Assign)
-                and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["SBATCH"])
-    assert ast.literal_eval(call.args[0]) == course_plan.SBATCH_LINE.pattern
+    imported = {(node.module, a.name) for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert ("source_code.course_plan", "sbatch_lines") in imported, sorted(imported)
+    assert not any(isinstance(node, ast.Assign) and "re.compile" in ast.unparse(node.value) and "sbatch"
+                   in ast.unparse(node.value) for node in tree.body), "a second sbatch pattern"
 
 
 def _notebook(tmp_path, name, text):

@@ -33,12 +33,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import dataset_files  # noqa: E402
 
+from source_code.course_plan import sbatch_lines  # noqa: E402
 from source_code.launch import jobs, site_profiles  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[1]
-SBATCH = re.compile(r"((?:[A-Z_]+=\S+\s+)*sbatch\s(?:[^`]*?--wrap\s+\"[^\"]*\"|"
-                    r".*?slurm/[\w./-]+\.(?:slurm|sh)\b[^`#]*))")
 SITE_ARGS = re.compile(r"\$\(python -m source_code\.launch\.site_profiles --site \w+ --gpus (\d+) "
                        r"--format args\)")
 # GPU-sized flags and the values a 2-CPU test node runs in seconds
@@ -85,13 +84,12 @@ def _texts():
 
 
 def printed_lines() -> dict[str, str]:
-    """{command: where it is printed first}, continuation lines joined, comments left out."""
+    """{command: where it is printed first}, continuation lines joined, comments left out (the
+    course plan's column "prints sbatch lines" reads them the same way)."""
     found: dict[str, str] = {}
     for where, text in _texts():
-        for line in text.replace("\\\n", " ").splitlines():
-            for m in SBATCH.finditer(line):
-                cmd = " ".join(m.group(1).split()).rstrip(" .,;")
-                found.setdefault(cmd, where)
+        for cmd in sbatch_lines(text):
+            found.setdefault(cmd, where)
     return found
 
 
