@@ -284,49 +284,63 @@ def test_the_cursors_loss_averaged_over_the_ranks_is_the_global_batchs_mean(worl
 
 
 # ------------------------------------------------------------------------- Join's stale state
-def _uneven_steps_then_sync() -> dict:
-    """Spawned: rank r takes r + 1 steps of AdamW with an LR schedule and a GradScaler (as the
-    ranks of a Join epoch do), then sync_optimizer of the optimizer alone, then with the
-    scheduler and the scaler."""
+def _rank_after_uneven_steps(rank: int):
+    """What rank ``rank`` of a Join epoch holds: rank + 1 steps of AdamW with an LR schedule and
+    a GradScaler (the early ranks skipped the last ones)."""
     import torch
-    import torch.distributed as dist
-    from source_code.data_at_scale import loops
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
-    steps = dist.get_rank() + 1
-    for k in range(steps):
+    for k in range(rank + 1):
         loss = model(torch.full((2, 3), float(k + 1))).sum()
         opt.zero_grad()
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         sched.step()
-
-    def now() -> dict:
-        return {"lr": opt.param_groups[0]["lr"], "sched_lr": sched.get_last_lr()[0], "epoch": sched.last_epoch,
-                "scale": scaler.get_scale(), "exp_avg": opt.state_dict()["state"][0]["exp_avg"].tolist()}
-    out = {"before": now()}
-    loops.sync_optimizer(opt, steps)
-    out["optimizer_only"] = now()
-    loops.sync_optimizer(opt, steps, sched, scaler)
-    out["all"] = now()
-    return out
+    return opt, sched, scaler
 
 
-def test_sync_optimizer_gives_every_rank_the_last_ranks_schedule_and_loss_scale_when_passed_them():
-    from source_code.processes import spawn
-    ranks = spawn(_uneven_steps_then_sync, 2, device="cpu", stream=False)
-    first, last = ranks[0]["before"], ranks[1]["before"]
-    assert first["epoch"] != last["epoch"] and first["scale"] != last["scale"] and first["exp_avg"] != last["exp_avg"]
-    # the optimizer alone: its moments follow, the schedule's count and the loss scale stay each rank's own
-    only = [rank["optimizer_only"] for rank in ranks]
-    assert only[0]["exp_avg"] == only[1]["exp_avg"] == last["exp_avg"]
-    assert only[0]["epoch"] != only[1]["epoch"] and only[0]["scale"] != only[1]["scale"]
-    for rank in ranks:   # passed them too: every rank has rank 1's optimizer, schedule and loss scale
-        assert rank["all"] == last, rank
+def _held(opt, sched, scaler) -> dict:
+    return {"lr": opt.param_groups[0]["lr"], "sched_lr": sched.get_last_lr()[0], "epoch": sched.last_epoch,
+            "scale": scaler.get_scale(), "exp_avg": opt.state_dict()["state"][0]["exp_avg"].tolist()}
+
+
+def test_sync_optimizer_gives_rank_0_the_last_ranks_schedule_and_loss_scale_when_passed_them(monkeypatch):
+    """Rank 0 of two, the collectives played by rank 1 (one step more): what the broadcast
+    carries is pickled, as broadcast_object_list does."""
+    import pickle
+    import torch.distributed as dist
+    from source_code.data_at_scale import loops
+    last = _held(*_rank_after_uneven_steps(1))
+
+    def gather(out, steps):
+        out[:] = [steps, 2]
+
+    def broadcast(states, src):
+        assert src == 1
+        states[0] = pickle.loads(pickle.dumps(_rank_states[0]))
+
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    for passed in (False, True):
+        owners = _rank_after_uneven_steps(1)
+        _rank_states[:] = [loops._on_cpu([o.state_dict() for o in (owners if passed else owners[:1])])]
+        mine = _rank_after_uneven_steps(0)
+        before = _held(*mine)
+        assert before["epoch"] != last["epoch"] and before["scale"] != last["scale"]
+        loops.sync_optimizer(mine[0], 1, *(mine[1:] if passed else ()))
+        now = _held(*mine)
+        if passed:   # rank 0 now holds rank 1's optimizer, schedule and loss scale
+            assert now == last, now
+        else:        # the optimizer alone: its moments follow, the schedule's count and the loss scale do not
+            assert now["exp_avg"] == last["exp_avg"] and (now["epoch"], now["scale"]) == (before["epoch"], before["scale"])
+
+
+_rank_states: list = []
 
 
 def test_sync_optimizer_pickles_cpu_copies_of_the_state():
