@@ -89,6 +89,14 @@ def local_count(model, x, y, mesh):               # each rank divides by its own
     return loss
 
 
+def returns_nothing(model, x, y, mesh):          # the gradients right, no loss returned
+    train_step(model, x, y, mesh)
+
+
+def returns_rank_mean(model, x, y, mesh):         # the gradients right, a per-rank mean returned
+    return train_step(model, x, y, mesh) * mesh["dp"].size() * mesh["cp"].size()
+
+
 def raises(model, x, y, mesh):
     raise RuntimeError("forgot the groups")
 
@@ -142,14 +150,16 @@ def notebook_function(tmp_path):
 def test_reference_passes_and_wrong_answers_are_named(tmp_path):
     got = exercises.diagnose([train_step, one_flat_all_reduce, notebook_function(tmp_path),
                               exercises.handed_step, over_dp_only, over_cp_only, averaged,
-                              local_count, raises, count_over_world, over_world])
+                              local_count, raises, count_over_world, over_world,
+                              returns_nothing, returns_rank_mean])
     for ok, line in got[:3]:
         assert ok and line.startswith("correct"), line
     expected = [("wrong where it is", "every parameter but layers.*.attn.wk.weight"),
                 ("wrong where it is", "every parameter;"), ("on its own samples alone",),
                 ("divided by the number of ranks",), ("on every mesh",), ("forgot the groups",),
                 ("inside a larger job", "0.5 x one process's"),
-                ("inside a larger job", "hold gradients of other weights")]
+                ("inside a larger job", "hold gradients of other weights"),
+                ("returned losses do not add up",), ("returned losses do not add up",)]
     for (ok, line), words in zip(got[3:], expected, strict=True):
         assert not ok and "\n" not in line and all(w in line for w in words), (words, line)
 

@@ -40,6 +40,7 @@ WORLD = 4
 MESHES = ((2, 2, 1), (1, 4, 1), (4, 1, 1), (2, 1, 2), (1, 2, 2))   # (dp, cp, copies) on 4 ranks
 REPORT_MESH = (2, 2, 1)
 TOL = 1e-6
+LOSS_RTOL = 1e-5                    # the returned losses' sum against one process's (fp32 rounding: ~1e-7)
 COPY_NOISE = 0.05                   # the weights of copy c > 0: the seed's + 0.05 x N(0, 1), seeded by c
 DATA_SEED = 7                       # the report's samples (the handed run's report)
 CHECK_SEED = 11                     # the check's: samples the notebook never shows
@@ -109,11 +110,12 @@ def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) 
         grid, copy = dp_cp_mesh(dp, cp, copies)
         if copy not in refs:
             reference = copy_model(path, copy)
-            global_token_loss(reference(x), y, int((y != -100).sum())).backward()
-            refs[copy] = {n: p.grad for n, p in reference.named_parameters()}
-        ref = refs[copy]
+            ref_loss = global_token_loss(reference(x), y, int((y != -100).sum()))
+            ref_loss.backward()
+            refs[copy] = {n: p.grad for n, p in reference.named_parameters()}, ref_loss.item()
+        ref, ref_loss = refs[copy]
         model = copy_model(path, copy)
-        train_step(model, x, y, grid)
+        returned = train_step(model, x, y, grid)
         named = dict(model.named_parameters())
         diffs = torch.tensor([(named[n].grad - r).abs().max().item() if named[n].grad is not None
                               else float("inf") for n, r in ref.items()], dtype=torch.float64)
@@ -121,9 +123,22 @@ def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) 
         scale = torch.tensor([max(r.abs().max().item() for r in ref.values())])
         dist.all_reduce(scale, op=dist.ReduceOp.MAX)
         out.append({"dp": dp, "cp": cp, "copies": copies, "diffs": dict(zip(ref, diffs.tolist())),
-                    "scale": scale.item(),
+                    "scale": scale.item(), "loss_diff": _loss_diff(returned, ref_loss / (dp * cp)),
                     "factor": _factor(named, ref)})
     return out
+
+
+def _loss_diff(returned, share: float) -> float:
+    """|the returns added over all ranks - one process's losses (each copy's) added|, relative
+    to the latter (inf where a rank returned no number); ``share``: one process's loss / the
+    ranks of one mesh."""
+    try:
+        mine = float(returned)
+    except (TypeError, ValueError, RuntimeError):
+        mine = float("inf")
+    sums = torch.tensor([mine, share], dtype=torch.float64)
+    dist.all_reduce(sums)
+    return (abs(sums[0] - sums[1]) / abs(sums[1])).item() if torch.isfinite(sums[0]) else float("inf")
 
 
 def _factor(named: dict, ref: dict) -> tuple[float, float]:
@@ -210,6 +225,10 @@ def verdict(result, tol: float = TOL) -> tuple[bool, str]:
             return False, f"{where}: the gradients are {lo:.2g} x one process's there"
         return False, (f"{where}: the gradients there are not one process's times a number, "
                        "they hold gradients of other weights")
+    if not all(m["loss_diff"] <= LOSS_RTOL for m in result):
+        return False, ("every gradient is right, but the returned losses do not add up over the "
+                       "ranks to one process's loss: return this rank's loss (its share of the sum "
+                       "over the global count)")
     return True, f"correct: every gradient equals one process's on {len(result)} meshes (max |diff| {worst:.1e})"
 
 
