@@ -351,6 +351,29 @@ def test_powersgd_at_a_large_size_sends_r_n_plus_m_per_matrix_in_ddps_buckets():
     assert 0.002 < want / n < 0.005
     local = payoff.at_size({"method": "diloco-20", "params": 1000, "ops": [[], [("all_reduce", small)]]}, shapes)
     assert local["ops"] == [[], [("all_reduce", 4 * n)]], "DiLoCo's synchronisation: one all-reduce"
+    hook = payoff.at_size({"method": "powersgd-r4", "params": 1000, "ops": [[("all_reduce", 10)]]},
+                          shapes, packed=False)
+    assert len(hook["ops"][0]) == 3 * len(ddp["ops"][0]), "torch's hook: three all-reduces a bucket"
+    assert sum(b for _, b in hook["ops"][0]) == pytest.approx(4 * want)
+    assert hook["exposed"] == [False]
+
+
+def test_packed_powersgd_pays_three_latencies_after_the_backward():
+    """The authors' packing: a compressed step is three all-reduces (vectors, all P, all Q),
+    exposed; torch's hook pays three latencies a bucket but hides them behind the backward."""
+    shapes = payoff.model_shapes()
+    run = {"method": "powersgd-r4", "params": 1000, "world": 2,
+           "ops": [[("all_reduce", 4000)], [("all_reduce", 10), ("all_reduce", 20), ("all_reduce", 30)]]}
+    packed, hook = payoff.at_size(run, shapes), payoff.at_size(run, shapes, packed=False)
+    assert len(packed["ops"][1]) == 3 and packed["exposed"] == [False, True]
+    assert sum(b for _, b in packed["ops"][1]) == pytest.approx(sum(b for _, b in hook["ops"][1]))
+    c = 0.3
+    tp, th = payoff.method_terms(run, 10, shapes), payoff.method_terms(run, 10, shapes, packed=False)
+    far = links.Link("far", 0.028, 1e12, "")          # latency only: the bucketed hook pays it per bucket
+    assert payoff.seconds(tp, far, c) < payoff.seconds(th, far, c)
+    near = links.Link("near", 0.0, 1e12, "")           # no latency, fast: the hook's hidden, packed's not
+    assert payoff.seconds(th, near, c) == pytest.approx(10 * c)
+    assert payoff.seconds(tp, near, c) > 10 * c
 
 
 def test_diloco_reaches_a_target_only_at_a_synchronisation():

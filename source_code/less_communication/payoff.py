@@ -7,15 +7,18 @@ first comes down to the target; for local SGD and DiLoCo, whose workers agree on
 steps, the next synchronisation after that). Each of its steps sends on average M messages and
 B bytes per rank: its collectives as the run counted them, or as a larger model would make
 them (``at_size``: from that model's parameter shapes, a full all-reduce cut into DDP's 25 MB
-buckets, PowerSGD's r(n + m) numbers per matrix, each bucket three all-reduces; ``terms``).
-Those n steps cost
+buckets; PowerSGD's r(n + m) numbers per matrix either packed as its authors' code packs them,
+one all-reduce for the uncompressed vectors, one for every matrix's P, one for every Q, after the
+backward (``packed``, the default), or as torch's DDP hook sends them, three all-reduces per
+bucket hidden behind the backward like DDP's (``packed=False``); ``terms``). Those n steps cost
 
     T = n (c + M alpha + B / beta)
 
 c the compute time of a step (the 6 N T rule for that model, links.py), alpha and beta the
 link's latency and bandwidth. DDP (and its communication hooks) all-reduces each bucket while
 the backward pass computes the rest (notebook 05): with ``overlap`` a step's collectives cost
-only what exceeds the backward's time, ``BACKWARD_SHARE`` of c (4 of the 6 N T), step by step:
+only what exceeds the backward's time, ``BACKWARD_SHARE`` of c (4 of the 6 N T), step by step (a packed PowerSGD
+step waits for the whole backward: nothing of it is hidden):
 
     T = n (c + mean over steps of max(0, M_s alpha + B_s / beta - BACKWARD_SHARE c))
 
@@ -64,11 +67,13 @@ def steps_to_target(run: dict, target: float) -> float | None:
     return None
 
 
-def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES) -> dict:
+def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES, packed: bool = True) -> dict:
     """``run`` with the collectives a model of parameter ``shapes`` makes in its steps: a full
     all-reduce (4 bytes a parameter) becomes the big model's, cut into DDP's buckets for the DDP
     methods (local SGD's and DiLoCo's synchronisation stays one all-reduce); a PowerSGD step
-    sends, per bucket, its share of the vectors, of P (r n per n x m matrix) and of Q (r m)."""
+    sends the vectors, P (r n per n x m matrix) and Q (r m): ``packed``, each in one all-reduce
+    (Vogels et al.'s code), marked ``exposed`` (after the backward); else per bucket its share
+    of each (torch's hook, three all-reduces a bucket)."""
     sp = spec(run["method"])
     n_big = sum(math.prod(shape) for shape in shapes)
     buckets = 1 if sp["local"] else math.ceil(4 * n_big / bucket_bytes)
@@ -79,8 +84,9 @@ def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES) -> dict:
         mats = [(shape[0], math.prod(shape[1:])) for shape in shapes if compression.compressible(shape, r)]
         vectors = n_big - sum(n * m for n, m in mats)
         sent = (vectors, r * sum(n for n, _ in mats), r * sum(m for _, m in mats))
-        compressed = [("all_reduce", 4 * numbers / buckets) for numbers in sent] * buckets
-    out = []
+        per = 1 if packed else buckets
+        compressed = [("all_reduce", 4 * numbers / per) for numbers in sent] * per
+    out, exposed = [], []
     for ops in run["ops"]:
         if not ops:
             out.append([])
@@ -90,30 +96,52 @@ def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES) -> dict:
             out.append(compressed)
         else:
             raise ValueError(f"{run['method']}: a step's collectives {ops} are neither a full all-reduce nor PowerSGD's")
-    return {**run, "ops": out, "params": n_big}
+        exposed.append(packed and out[-1] is compressed)
+    return {**run, "ops": out, "params": n_big, "exposed": exposed}
 
 
 def terms(run: dict, steps: float | None, scale: float = 1.0, overlap: bool = False) -> dict | None:
-    """{"steps": n, "messages": n M, "sent": n B, "per_step": [(M_s, B_s)], "overlap"}:
-    ``steps`` steps of ``run``'s average step (``per_step``: each step it ran, for the overlap)."""
+    """{"steps": n, "messages": n M, "sent": n B, "per_step": [(M_s, B_s, hideable)], "overlap"}:
+    ``steps`` steps of ``run``'s average step (``per_step``: each step it ran, for the overlap;
+    a step ``run["exposed"]`` marks is never hidden)."""
     if steps is None:
         return None
     per_step = []
-    for ops in run["ops"]:
+    exposed = run.get("exposed") or [False] * len(run["ops"])
+    for ops, shown in zip(run["ops"], exposed):
         messages = sent = 0.0
         for kind, nbytes in ops:
             m, b = links.collective_terms(kind, nbytes * scale, run["world"])
             messages, sent = messages + m, sent + b
-        per_step.append((messages, sent))
+        per_step.append((messages, sent, not shown))
     n = len(per_step)
-    return {"steps": steps, "messages": steps * sum(m for m, _ in per_step) / n,
-            "sent": steps * sum(b for _, b in per_step) / n, "per_step": per_step, "overlap": overlap}
+    return {"steps": steps, "messages": steps * sum(m for m, _, _ in per_step) / n,
+            "sent": steps * sum(b for _, b, _ in per_step) / n, "per_step": per_step, "overlap": overlap}
 
 
-def method_terms(run: dict, steps: float | None, shapes: list) -> dict | None:
-    """``terms`` of ``run`` at the size of ``shapes`` (``at_size``); DDP and its hooks overlap
-    their buckets with the backward, local SGD's and DiLoCo's synchronisation does not."""
-    return terms(at_size(run, shapes), steps, overlap=not spec(run["method"])["local"])
+def method_terms(run: dict, steps: float | None, shapes: list, packed: bool = True) -> dict | None:
+    """``terms`` of ``run`` at the size of ``shapes`` (``at_size``); DDP and torch's hooks overlap
+    their buckets with the backward, packed PowerSGD steps and local SGD's and DiLoCo's
+    synchronisation do not."""
+    return terms(at_size(run, shapes, packed=packed), steps, overlap=not spec(run["method"])["local"])
+
+
+def verdicts(seed_runs: dict, rivals: dict, at_step, shapes: list, compute_s: float, link_names,
+             packed: bool = True) -> tuple:
+    """For each seed's runs {method: run} and each pair {reference: rival}: the steps each needs
+    to the reference's held-out loss after ``at_step(run)`` of its steps, and that seed's
+    ``table``: ({seed: {method: steps or None}}, {seed: table})."""
+    needed, tables = {}, {}
+    for seed, runs in seed_runs.items():
+        needed[seed] = {}
+        for reference, rival in rivals.items():
+            ref = runs[reference]
+            target = dict(ref["evals"])[ref["first"] + at_step(ref)]
+            for method in (reference, rival):
+                needed[seed][method] = steps_to_target(runs[method], target)
+        tables[seed] = table({m: method_terms(runs[m], n, shapes, packed) for m, n in needed[seed].items()},
+                             link_names, compute_s)
+    return needed, tables
 
 
 def first_on_every_seed(seed_tables: dict, methods) -> dict:
@@ -135,7 +163,7 @@ def seconds(t: dict | None, link, compute_s: float) -> float | None:
     if not t.get("overlap"):
         return t["steps"] * compute_s + t["messages"] * lk.alpha + t["sent"] / lk.beta
     hidden = BACKWARD_SHARE * compute_s
-    shown = [max(0.0, m * lk.alpha + b / lk.beta - hidden) for m, b in t["per_step"]]
+    shown = [max(0.0, m * lk.alpha + b / lk.beta - (hidden if hide else 0.0)) for m, b, hide in t["per_step"]]
     return t["steps"] * (compute_s + sum(shown) / len(shown))
 
 
