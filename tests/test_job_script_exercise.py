@@ -19,6 +19,19 @@ WRONG = {
         SCRIPT.replace('--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"',
                        '--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --node-rank=$SLURM_NODEID'),
         "which shell expands"),
+    # the same inside a task's shell, but in double quotes: the batch shell still expands it
+    "static, bash -c in double quotes": (
+        SCRIPT.replace('srun torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=2 \\\n'
+                       '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\\n'
+                       '    -m source_code.launch.sync_check',
+                       'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node=2 --node-rank=$SLURM_NODEID '
+                       '--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m source_code.launch.sync_check"'),
+        "which shell expands"),
+    # an endpoint without a backend, told a node rank the batch shell expands: 0 on every node
+    "endpoint, node rank of the batch shell": (
+        SCRIPT.replace('--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
+                       '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --node-rank=$SLURM_NODEID'),
+        "which shell expands"),
     # an endpoint without a backend: torchrun's default (static) gives both nodes node rank 0
     "no rendezvous backend": (SCRIPT.replace("--rdzv-backend=c10d ", ""), "default rendezvous backend (static)"),
     "an account": (SCRIPT.replace("#SBATCH --time", "#SBATCH --account=project_2001234\n#SBATCH --time"),
@@ -39,6 +52,12 @@ RIGHT = {
         '    -m source_code.launch.sync_check',
         "srun bash -c 'torchrun --nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node=2 --node-rank=$SLURM_NODEID "
         "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m source_code.launch.sync_check'"),
+    "static rendezvous, the $ escaped in double quotes": SCRIPT.replace(
+        'srun torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=2 \\\n'
+        '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\\n'
+        '    -m source_code.launch.sync_check',
+        'srun bash -c "torchrun --nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node=2 --node-rank=\\$SLURM_NODEID '
+        '--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m source_code.launch.sync_check"'),
 }
 
 

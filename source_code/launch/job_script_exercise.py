@@ -108,12 +108,25 @@ def read_problems(script: str) -> list[str]:
         problems.append("where the torchruns meet is said, but not how: torchrun's default rendezvous "
                         "backend (static) gives every node node rank 0 unless told its own; which "
                         "backend hands out the ranks itself? (torchrun --help)")
-    elif static and "bash -c" not in launch and re.search(r"--node-rank[= ]\"?\$\{?SLURM_(NODEID|PROCID)", launch):
+    if _node_rank_of_the_batch_shell(launch):
         problems.append("--node-rank: which shell expands that $ variable, the batch shell on the first "
                         "node or a shell in each task? (section 12)")
     if not re.search(r"--nnodes[= ]", launch):
         problems.append("tell torchrun how many nodes take part (Slurm sets a variable with the job's node count)")
     return problems
+
+
+def _node_rank_of_the_batch_shell(launch: str) -> bool:
+    """Whether the node rank a Slurm variable gives is expanded by the batch script's shell (one
+    value, the first node's, for every node) rather than by a shell in each task: no `bash -c`
+    around it, or one in double quotes with the $ not escaped."""
+    rank = re.search(r"--node-rank[= ]\"?(\\?)\$\{?SLURM_(NODEID|PROCID)", launch)
+    if not rank:
+        return False
+    shell = re.search(r"bash -c\s+(['\"])", launch)
+    if not shell or shell.start() > rank.start():
+        return True
+    return shell.group(1) == '"' and not rank.group(1)
 
 
 def submit(script: str, timeout: float = 180) -> jobs.Job:
