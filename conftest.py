@@ -38,57 +38,22 @@ def _uses_the_cluster(item) -> bool:
     return bool(item.get_closest_marker("slurm")) or "cluster" in getattr(item, "fixturenames", ())
 
 
-# what the local cluster runs of the first file (every printed sbatch line at once) keeps it
-# busy for about this long on 2 cores: other files that submit jobs would only queue behind it
-_BURST_S = 300.0
-
-
-def _notebook_seconds(path: Path) -> float:
-    """The README's measured time of a notebook (make test on 2 cores), else its stored run's."""
-    try:
-        from source_code.course_plan import readme_seconds
-        return float(readme_seconds()[path.name[:2]])
-    except Exception:   # no table, or no row for it
-        return _stored_run_seconds(path)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """An order in which the two workers of make test (pytest-xdist, one file to a worker at a
-    time) keep both cores busy and end together. The files that submit Slurm jobs mostly wait
-    for the cluster, whose jobs use the cores meanwhile: the printed sbatch lines go first (one
-    burst of jobs), the other worker runs the longest notebooks while the burst drains, then the
-    other cluster files go one at a time between notebooks (so that one worker computes while
-    the other waits), then the other test files, shortest work last. Each file's tests keep
-    their order."""
-    cluster: list[str] = []
-    notebooks: dict[str, float] = {}
-    others: list[str] = []
+    """Longest work first, so that parallel workers (make test: pytest-xdist, one file to a
+    worker at a time) end together: the files that submit Slurm jobs (mostly waiting for the
+    cluster, whose jobs meanwhile use the cores), then the notebooks by their stored run time,
+    then the other test files. Each file's tests keep their order."""
+    files: dict[str, tuple] = {}
     for item in items:
         path = item.nodeid.split("::")[0]
-        if path.endswith(".ipynb"):
-            if path.startswith("notebooks/06_"):   # it submits jobs too (pytest_runtest_setup)
-                cluster.append(path) if path not in cluster else None
-            else:
-                notebooks.setdefault(path, _notebook_seconds(Path(str(item.fspath))))
-        elif _uses_the_cluster(item):
-            if path in others:
-                others.remove(path)
-            if path not in cluster:
-                cluster.append(path)
-        elif path not in cluster and path not in others:
-            others.append(path)
-    cluster.sort(key=lambda p: not p.endswith("test_sbatch_lines.py"))   # the burst first
-    order: list[str] = cluster[:1]
-    waiting, covered = cluster[1:], 0.0
-    for path in sorted(notebooks, key=lambda p: -notebooks[p]):
-        order.append(path)
-        covered += notebooks[path]
-        if covered >= _BURST_S and waiting:
-            order.append(waiting.pop(0))
-    order += waiting + others
-    position = {path: i for i, path in enumerate(order)}
-    items.sort(key=lambda item: position[item.nodeid.split("::")[0]])
+        rank = files.get(path, (2, 0.0))
+        if _uses_the_cluster(item):
+            rank = (0, 0.0)
+        elif path.endswith(".ipynb"):
+            rank = (1, -_stored_run_seconds(Path(str(item.fspath))))
+        files[path] = min(rank, files.get(path, rank))
+    items.sort(key=lambda item: files[item.nodeid.split("::")[0]])
 
 
 # Notebook 06 submits jobs to the local cluster when one runs (and says it skipped otherwise): in
