@@ -9,9 +9,9 @@
 p = the number of processes, one stage each. The model is an MLP stack with the same work on
 every stage and a fixed microbatch size (256 rows x width 256: a 256 KB message), so an
 operation costs the same for every m. For each m, GPipe and 1F1B run --steps steps
-interleaved after a warm-up step (made by the first run at that m); every stage records the
-start and end of each forward and backward on one clock (perf_counter; on a GPU read after
-synchronising, ``measure.clock``, so that a message still in flight counts as idle), and
+interleaved after a warm-up step; every stage records the start and end of each forward and
+backward on one clock (perf_counter; on a GPU read after synchronising, ``measure.clock``,
+so that a message still in flight counts as idle), and
 
     bubble = idle time / (p x step time)
 
@@ -148,11 +148,8 @@ def measure(ms, steps: int, work: harness.Workload, holds: dict, rank: int, warm
     at each m the runs take turns (a noisy neighbour slows them alike)."""
     out = {run: {name: {} for name in SCHEDULES} for run in holds}
     for m in ms:
-        for k, (run, per_stage) in enumerate(holds.items()):
-            # the first run at this m warms up (first calls at these sizes, the heap's growth);
-            # the runs after it at the same m find that done
-            res = harness.timed_steps(SCHEDULES, m, steps, work, warmup=warmup if k == 0 else 0,
-                                      hold=per_stage[rank])
+        for run, per_stage in holds.items():
+            res = harness.timed_steps(SCHEDULES, m, steps, work, warmup=warmup, hold=per_stage[rank])
             for name in SCHEDULES:
                 steps_records = [harness.gather_records(r) for r in res[name]["records"]]
                 bubbles = [simulator.bubble_fraction(r) for r in steps_records]
