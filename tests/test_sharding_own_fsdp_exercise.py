@@ -92,6 +92,26 @@ def all_gather_then_sum(flat_grad):               # every rank receives every ra
     return sum(g[rank * c:(rank + 1) * c] for g in every) / world
 
 
+def reduce_scatter_and_all_reduce(flat_grad):     # the right chunk, but the whole sum received too
+    world = dist.get_world_size()
+    c = -(-flat_grad.numel() // world)
+    grad = torch.cat([flat_grad.float(), flat_grad.new_zeros(c * world - flat_grad.numel()).float()])
+    dist.all_reduce(grad.clone())
+    mine = grad.new_empty(c)
+    dist.reduce_scatter_tensor(mine, grad)
+    return mine / dist.get_world_size()
+
+
+def reduce_scatter_and_all_gather(flat_grad):     # the right chunk, and every rank's gradient besides
+    world = dist.get_world_size()
+    c = -(-flat_grad.numel() // world)
+    grad = torch.cat([flat_grad.float(), flat_grad.new_zeros(c * world - flat_grad.numel()).float()])
+    dist.all_gather([torch.empty_like(grad) for _ in range(world)], grad)
+    mine = grad.new_empty(c)
+    dist.reduce_scatter_tensor(mine, grad)
+    return mine / dist.get_world_size()
+
+
 def all_to_all_then_sum(flat_grad):               # right, written another way: the same bytes
     world = dist.get_world_size()
     c = -(-flat_grad.numel() // world)
@@ -106,7 +126,9 @@ RIGHT_REDUCE = [all_to_all_then_sum]
 WRONG_REDUCE = [(added_in_bf16, "is torch.bfloat16"), (cast_after_the_wire, "added in bf16"),
                 (all_gather_then_sum, "sent with all_gather"), (all_reduce_then_slice, "sent with all_reduce"), (no_padding, "not a multiple of 3"),
                 (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
-                (garbage_padding, "must be zeros")]
+                (garbage_padding, "must be zeros"),
+                (reduce_scatter_and_all_reduce, "all_reduce, reduce_scatter_tensor: this rank received"),
+                (reduce_scatter_and_all_gather, "all_gather, reduce_scatter_tensor: this rank received")]
 
 
 # the ZeRO-3 core: the unit's two forward hooks

@@ -10,12 +10,13 @@ The learner writes ``reduce_grad(flat_grad)`` for a unit trained in bf16 mixed p
 returns this rank's (c,) chunk of the mean over the N ranks in **fp32**, the ranks' gradients
 added in fp32 (FSDP2's ``reduce_dtype=float32``), c = ceil(n / N), the chunk laid out as comm.py
 lays out every shard (rank r: elements [r*c, (r+1)*c) of the flat vector padded with zeros to
-N*c), zeros where it passes the end. comm.py's helper (ZeRO-2's, fp32 in and out) added in bf16
-here and is told so.
+N*c), zeros where it passes the end, each rank receiving no more than a reduce-scatter delivers it
+((N-1) x c elements with a bandwidth-optimal algorithm). comm.py's helper (ZeRO-2's, fp32 in and
+out) added in bf16 here and is told so.
 
 A function defined in a notebook cell cannot be pickled, so its source is sent to N real
 processes (gloo) and run there with ``torch`` and ``dist`` in scope, on unit sizes that do and
-do not divide N, under measure.CommCounter. One line says what is wrong, found by trying the
+do not divide N, counting what each collective delivers to the rank (``Received``). One line says what is wrong, found by trying the
 usual wrong answers.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ import textwrap
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from source_code.measure import CommCounter
 from source_code.sharding import comm  # noqa: F401  (its import quiets torch's *_tensor deprecation warning)
 from source_code.sharding.own_fsdp_core_exercise import core_on_rank, free_storage, gather  # noqa: F401
 
@@ -37,12 +38,46 @@ class ExerciseFailed(AssertionError):
     """A wrong answer, said in one line."""
 
 
-# what the learner may send: a collective that delivers each rank only its chunk (an all-to-all
-# of the chunks, summed on the rank, moves the same bytes as a reduce-scatter)
-CHUNKED = {"reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
-           "all_to_all"}
-COLLECTIVES = CHUNKED | {"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce",
-                         "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv"}
+# the communication functions whose names a verdict can give (what is allowed is judged by the
+# elements received: an all-to-all of the chunks, summed on the rank, receives what a
+# reduce-scatter does)
+COLLECTIVES = {"reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
+               "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce",
+               "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv"}
+
+# c10d op -> (the argument holding the full data, what a rank receives of it: k x (N-1)/N of its
+# elements with a bandwidth-optimal algorithm (k = 2 for an all-reduce), or "all" of them)
+_RECEIVES = {"allreduce_": (0, 2), "allreduce_coalesced_": (0, 2), "allgather_": (0, 1),
+             "_allgather_base_": (0, 1), "allgather_coalesced_": (0, 1),
+             "allgather_into_tensor_coalesced_": (0, 1), "reduce_scatter_": (1, 1),
+             "_reduce_scatter_base_": (1, 1), "reduce_scatter_tensor_coalesced_": (1, 1),
+             "alltoall_": (0, 1), "alltoall_base_": (0, 1), "gather_": (0, 1), "gather_into_tensor_": (0, 1),
+             "broadcast_": (0, "all"), "scatter_": (0, "all"), "reduce_": (0, "all"), "recv_": (0, "all"),
+             "recv_any_source_": (0, "all")}
+
+
+def _numel(x) -> int:
+    if torch.is_tensor(x):
+        return x.numel()
+    return sum(_numel(y) for y in x) if isinstance(x, (list, tuple)) else 0
+
+
+class Received(TorchDispatchMode):
+    """``with Received(N) as r: ...``: r.elements, the elements this rank receives from the
+    others over every collective it calls (any dtype), r.ops the c10d ops' names."""
+
+    def __init__(self, world_size: int):
+        super().__init__()
+        self.n, self.elements, self.ops = world_size, 0.0, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name().split("::")[-1].split(".")[0]
+        if func.namespace == "c10d" and name in _RECEIVES:
+            arg, share = _RECEIVES[name]
+            numel = _numel(args[arg])
+            self.ops.add(name.strip("_"))
+            self.elements += numel if share == "all" else share * (self.n - 1) / self.n * numel
+        return func(*args, **(kwargs or {}))
 
 
 def rank_gradient(n: int, rank: int) -> torch.Tensor:
@@ -58,9 +93,10 @@ def expected(n: int, world: int, rank: int) -> torch.Tensor:
     return padded[rank * c:(rank + 1) * c]
 
 
-def diagnose(got, n: int, world: int, rank: int, calls) -> str | None:
-    """None when ``got`` is right and sent with a collective that delivers each rank only its
-    chunk, else what is wrong, one line. ``calls``: the collectives the function called."""
+def diagnose(got, n: int, world: int, rank: int, calls, received: float) -> str | None:
+    """None when ``got`` is right and this rank received no more elements than a reduce-scatter
+    delivers it, (N-1) x c, else what is wrong, one line. ``calls``: the collectives the function
+    called; ``received``: the elements it received from the others (``Received``)."""
     c = -(-n // world)
     want = expected(n, world, rank)
     if not torch.is_tensor(got):
@@ -82,11 +118,12 @@ def diagnose(got, n: int, world: int, rank: int, calls) -> str | None:
         if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             return ("the right chunk, rounded: the ranks' bf16 gradients were added in bf16 (8 "
                     "significant bits per sum); they must be added in fp32")
-        if calls & CHUNKED:
+        share = (world - 1) * c                          # what a reduce-scatter delivers a rank
+        if received <= share + 1e-6:
             return None
         sent = ", ".join(sorted(calls)) or "nothing the check could see"
-        return (f"right numbers, but sent with {sent}: every rank receives more than its chunk; "
-                "one collective can deliver each rank only its own chunk of the sum")
+        return (f"right numbers, but sent with {sent}: this rank received {received:.0f} elements where "
+                f"a collective that delivers each rank only its own chunk of the sum needs {share}")
     if near(got, want * world):
         return "these are the sums over the ranks: the gradient of the global batch is their mean"
     others = [r for r in range(world) if r != rank and near(got, expected(n, world, r))]
@@ -150,12 +187,12 @@ def _reduce_on_rank(sources: list[tuple[str, str]]) -> list[str | None]:
         exec(compile(source, f"<{name}>", "exec"), namespace)
         fn, problem = namespace[name], None
         for n in SIZES:
-            counter = CommCounter(world)                  # sees torch.distributed called directly
+            counter = Received(world)                     # sees torch.distributed called directly
             checked.called.clear()
             try:
                 with counter:
                     got = fn(rank_gradient(n, rank).clone())
-                problem = diagnose(got, n, world, rank, checked.called | set(counter.calls))
+                problem = diagnose(got, n, world, rank, checked.called or counter.ops, counter.elements)
             except Exception as err:                      # the learner's bug, in one line
                 text = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 problem = (f"n = {n} on {world} ranks: reduce-scatter needs an input of N x c "
