@@ -55,10 +55,9 @@ def handed_step(model, x, y, mesh):
     count = global_token_count([ys])                                # the step's tokens
     loss = global_token_loss(cp_logits(model, xs, ring), ys, count)
     loss.backward()
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         dist.all_reduce(p.grad, group=dp_group)
-    for block in model.layers:
-        for p in block.attn.parameters():
+        if "attn" in name:
             dist.all_reduce(p.grad, group=cp_group)
     return loss                                                     # this rank's share of the loss
 
