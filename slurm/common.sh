@@ -60,6 +60,17 @@ if [ -n "$SITE_GPU_REQUEST" ] && [ -n "${SLURM_JOB_ID:-}" ] && (( ALLOC_GPUS == 
     echo "error: site $WORKSHOP_SITE runs on GPUs but job $SLURM_JOB_ID was given none: submit from a shell set up with $step (or pass ${SITE_GPU_REQUEST/\{n\}/N} to sbatch); WORKSHOP_DEVICE=cpu runs on the CPU instead" >&2
     exit 2
 fi
+# one srun task per GPU needs a core of its own at least: fewer cores than GPUs (a shared
+# partition where the job asked for the script's 2 cores) would start the tasks on shared cores
+# (srun --overcommit), a starved job; WORKSHOP_DEVICE=cpu runs them so, on purpose, and says so
+if [ "${STEP_CPUS_PER_TASK:-}" = 0 ] && [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; then
+    per=$(( SITE_GPUS_PER_NODE > 0 ? SITE_CPUS_PER_NODE / SITE_GPUS_PER_NODE : 1 ))
+    (( per > ${SITE_MAX_CPUS_PER_GPU:-$per} )) && per=$SITE_MAX_CPUS_PER_GPU
+    (( per < 1 )) && per=1
+    tasks=${SLURM_NTASKS_PER_NODE:-1}
+    echo "error: job $SLURM_JOB_ID has ${SLURM_CPUS_ON_NODE:-?} CPU core(s) for $ALLOC_GPUS GPU(s) on this node, fewer than one srun task per GPU needs (a core each; $WORKSHOP_SITE's share is $per): sbatch --cpus-per-task=$(( (per * ALLOC_GPUS + tasks - 1) / tasks )) ... for the script's $tasks task(s) a node, or the options of: python -m source_code.launch.site_profiles --site $WORKSHOP_SITE --launcher srun --format args" >&2
+    exit 2
+fi
 site_environment
 if [ -n "${WORKSHOP_VENV:-}" ]; then
     # shellcheck disable=SC1091

@@ -46,6 +46,8 @@ RIGHT = {
     "-N2": SCRIPT.replace("--nodes=2", "-N2"),
     "--rdzv_endpoint (underscores)": SCRIPT.replace("--rdzv-backend", "--rdzv_backend")
                                            .replace("--rdzv-endpoint", "--rdzv_endpoint").replace("--rdzv-id", "--rdzv_id"),
+    "--rdzv-backend='c10d' (single quotes)": SCRIPT.replace("--rdzv-backend=c10d", "--rdzv-backend='c10d'"),
+    "--rdzv-backend \"c10d\" (space form, double quotes)": SCRIPT.replace("--rdzv-backend=c10d", '--rdzv-backend "c10d"'),
     "static rendezvous, node rank from each task's shell": SCRIPT.replace(
         'srun torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=2 \\\n'
         '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\\n'

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(tmp_path, **slurm):
+def run_script(tmp_path, expect=0, **slurm):
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "srun").write_text('#!/bin/bash\necho "step: srun $*"\n')
@@ -23,7 +23,9 @@ def run_script(tmp_path, **slurm):
                 "SLURM_CPUS_PER_TASK": "1", **slurm})
     res = subprocess.run(["bash", str(ROOT / "slurm/ddp_single_node_srun.slurm")], cwd=tmp_path, env=env,
                          capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == expect, res.stderr
+    if expect:
+        return [], res.stdout + res.stderr
     step = next(ln for ln in res.stdout.splitlines() if ln.startswith("step: srun "))
     return step.split(), res.stdout
 
@@ -35,11 +37,20 @@ def test_one_task_per_gpu_of_the_allocation_with_its_share_of_the_cores(tmp_path
     assert "--overcommit" not in step and "tasks=8" in out and "idle" not in out, out
 
 
-def test_fewer_cores_than_gpus_share_them_and_say_the_fix(tmp_path):
-    # a shared partition (Puhti, Mahti gpusmall) gives the script's 2 cores to 4 GPUs
-    step, out = run_script(tmp_path, WORKSHOP_SITE="local-gpu", SLURM_GPUS_ON_NODE="4", SLURM_CPUS_ON_NODE="2")
+def test_fewer_cores_than_gpus_stop_in_one_line_naming_the_cores_to_ask_for(tmp_path):
+    # a shared partition (Puhti after its site step) gives the script's 2 tasks x 1 core to 4 GPUs
+    step, out = run_script(tmp_path, expect=2, WORKSHOP_SITE="puhti", SLURM_GPUS_ON_NODE="4",
+                           SLURM_CPUS_ON_NODE="2")
+    assert out.strip().splitlines() == [out.strip()] and "step: srun" not in out, out
+    # Puhti's share is 10 cores a GPU: 2 tasks of 20 cores, the 40 that the 4 GPUs' tasks share out
+    assert "job 42 has 2 CPU core(s) for 4 GPU(s) on this node" in out and "sbatch --cpus-per-task=20 " in out, out
+
+
+def test_fewer_cores_than_gpus_run_on_shared_cores_only_on_the_cpu_on_purpose(tmp_path):
+    step, out = run_script(tmp_path, WORKSHOP_SITE="local-gpu", SLURM_GPUS_ON_NODE="4", SLURM_CPUS_ON_NODE="2",
+                           WORKSHOP_DEVICE="cpu")
     assert "--ntasks-per-node=4" in step and "--overcommit" in step and "--cpus-per-task=1" in step, step
-    assert "note: job 42 has 2 CPU core(s) for 4 GPU(s) on this node" in out and "sbatch --cpus-per-task=2" in out
+    assert "WORKSHOP_DEVICE=cpu: the processes run on the CPU on purpose" in out, out
 
 
 def test_the_cpu_cluster_runs_the_jobs_own_tasks(tmp_path):

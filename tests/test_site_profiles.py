@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from source_code.launch import site_profiles as sp
+from source_code.launch import site_step
 
 ROOT = sp.SITES_DIR.parents[1]
 
@@ -370,6 +371,43 @@ def test_partition_limits_are_checked_before_submission_in_one_line(argv, messag
         assert res.returncode == 0 and "--partition=standard-g" in res.stdout, res.stderr
         return
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+
+
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "WORKSHOP_SITE"))}
+
+
+@pytest.mark.parametrize("step_options,line,refused", [
+    ("--site mahti --account p --gpus-per-node 2", ["sbatch", "slurm/ddp_multinode.slurm"],
+     "Mahti's partition gpusmall takes at most 1 node(s) for 36 h; this asks for 2 node(s)"),
+    ("--site mahti --account p --gpus-per-node 2", ["sbatch", "slurm/ddp_single_node.slurm"], None),
+    ("--site mahti --account p --gpus-per-node 2", ["sbatch", "--nodes=1", "slurm/ddp_multinode.slurm"], None),
+    ("--site mahti --account p", ["sbatch", "slurm/ddp_multinode.slurm"], None),
+    ("--site puhti --account p --test", ["sbatch", "-t", "1:00:00", "slurm/ddp_multinode.slurm"],
+     "Puhti's partition gputest takes at most 2 node(s) for 15 min; this asks for 2 node(s) for 1 h"),
+    ("--site puhti --account p --test --time 00:10:00", ["sbatch", "-N", "3", "slurm/ddp_multinode.slurm"],
+     "this asks for 3 node(s) for 10 min"),
+    ("--site lumi --account p --gpus-per-node 2", ["sbatch", "-N8", "slurm/ddp_multinode.slurm"],
+     "LUMI's partition small-g takes at most 4 node(s)"),
+    ("--site lumi --account p --gpus-per-node 2", ["sbatch", "-p", "standard-g", "-N8", "slurm/ddp_multinode.slurm"], None),
+    ("--site lumi --account p", ["sbatch", "--wrap", "hostname"], None),
+])
+def test_a_bare_line_its_partition_cannot_take_is_refused_before_submission(step_options, line, refused):
+    code, said, reached = site_step.try_line(step_options, line, CLEAN_ENV, cwd=ROOT)
+    if refused is None:
+        assert code == 0 and reached, said
+    else:
+        assert code == 2 and not reached and len(said.splitlines()) == 1, said
+        assert said.startswith("error: ") and refused in said and "not submitted: " in said, said
+
+
+def test_the_sbatch_check_that_cannot_start_leaves_the_decision_to_sbatch(tmp_path):
+    (tmp_path / "sbatch").write_text("#!/bin/sh\necho reached\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    guard = site_step.guard_function().replace(shlex.quote(sys.executable), "/no/such/python")
+    res = subprocess.run(["bash", "-c", f"{guard}\nexport WORKSHOP_SITE=mahti SBATCH_PARTITION=gpusmall\n"
+                          "sbatch slurm/ddp_multinode.slurm"], cwd=ROOT, capture_output=True, text=True,
+                         env={**CLEAN_ENV, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert res.returncode == 0 and res.stdout.strip() == "reached", res.stdout + res.stderr
 
 
 def test_every_partition_a_profile_names_has_its_limits():

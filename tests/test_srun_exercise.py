@@ -19,7 +19,7 @@ WRONG = {
     r'srun bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"': "tasks started on",
     # --ntasks-per-node=1 alone: srun takes the job's SLURM_NTASKS as -n and ignores it (real Slurm does)
     r'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"':
-        "tasks started on",
+        "srun warned that it cannot honor --ntasks-per-node",
     # no shell in the task: the variable arrives as text
     r"srun --ntasks=$SLURM_NNODES echo torchrun --node-rank='$SLURM_NODEID' --nnodes='$SLURM_NNODES'":
         "no shell there expanded it",

@@ -104,7 +104,7 @@ def read_problems(script: str) -> list[str]:
         problems.append("the torchruns must meet: tell them where (the script computes an address and a "
                         "port) and how (torchrun --help: the rendezvous options)")
     elif "--rdzv-endpoint" in launch and "--node-rank" not in launch \
-            and not re.search(r"--rdzv-backend[= ]\"?c10d", launch):
+            and not re.search(r"--rdzv-backend[= ][\"']?c10d", launch):
         problems.append("where the torchruns meet is said, but not how: torchrun's default rendezvous "
                         "backend (static) gives every node node rank 0 unless told its own; which "
                         "backend hands out the ranks itself? (torchrun --help)")

@@ -26,14 +26,26 @@ the job scripts' #SBATCH lines (the node count is what a script is about; one ta
 with torchrun; the cores a task gets: pass --cpus-per-task=N on the command line for more).
 Variables of an earlier site step that this site does not set are unset, so a shell can move
 from one site's profile to another's.
+
+The step also defines a shell function `sbatch` in that shell: before each submission it reads
+the job's node count and time (the sbatch options, else the job script's #SBATCH lines) and its
+partition and time (the options, else SBATCH_PARTITION and SBATCH_TIMELIMIT) and refuses, in one
+line with exit status 2, a job its partition cannot take (the profile's SITE_LIMITS). Slurm's
+default EnforcePartLimits=NO would accept it, and it would pend for ever. Everything else goes
+to the real sbatch unchanged (`command sbatch ...` skips the check):
+
+    python -m source_code.launch.site_step [SBATCH OPTIONS] SCRIPT [ARGS]   # what the function runs
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from source_code.launch.site_profiles import ProfileError, Site, check_limits, load, minutes
 
@@ -124,12 +136,114 @@ def exports(key: str, account: str | None = None, gpus_per_node: int | None = No
 
 
 def shell_lines(pairs: list[tuple[str, str]]) -> str:
-    """`unset` for this step's variables it does not set, then one `export` per variable."""
+    """`unset` for this step's variables it does not set, one `export` per variable, then the
+    `sbatch` function that checks each job against its partition's limits first."""
     keys = {k for k, _ in pairs}
     stale = [v for v in VARIABLES if v not in keys]
     lines = [f"unset {' '.join(stale)}"] if stale else []
     lines += [f"export {k}={shlex.quote(v)}" for k, v in pairs]
-    return "\n".join(lines)
+    return "\n".join(lines + [guard_function()])
+
+
+def guard_function() -> str:
+    """The shell function: this module reads the job first; its exit status 2 stops the
+    submission, anything else (even a Python that cannot start) lets sbatch decide."""
+    root = shlex.quote(str(Path(__file__).resolve().parents[2]))
+    return (f"sbatch() {{ PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(sys.executable)} "
+            '-m source_code.launch.site_step "$@"; [ $? = 2 ] && return 2; command sbatch "$@"; }')
+
+
+OPTIONS = {"-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition",
+           "-t": "time", "--time": "time"}
+
+
+def read_options(words: list[str]) -> dict:
+    """{nodes, partition, time} as these sbatch options give them (the last one wins)."""
+    found, i = {}, 0
+    while i < len(words):
+        w = words[i]
+        for flag, key in OPTIONS.items():
+            if w == flag and i + 1 < len(words):
+                found[key], i = words[i + 1], i + 1
+                break
+            if w.startswith(flag + "=") or (not flag.startswith("--") and w.startswith(flag) and len(w) > 2
+                                            and not w.startswith("--")):
+                found[key] = w[len(flag):].lstrip("=")
+                break
+        i += 1
+    return found
+
+
+def job_script(words: list[str], cwd: Path) -> tuple[list[str], Path | None]:
+    """(sbatch's own options, the job script) of an sbatch command line (no script: --wrap)."""
+    for i, w in enumerate(words):
+        path = cwd / w
+        if not w.startswith("-") and path.is_file() and path.read_text(errors="replace").startswith("#!"):
+            return words[:i], path
+    return words, None
+
+
+def script_options(path: Path) -> dict:
+    """The #SBATCH lines of a job script, up to its first command (where sbatch stops reading)."""
+    words = []
+    for line in path.read_text(errors="replace").splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            words += shlex.split(line[len("#SBATCH"):], comments=True)
+        elif line.strip() and not line.lstrip().startswith("#"):
+            break
+    return read_options(words)
+
+
+def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
+    """The one-line refusal of a job its partition cannot take (None: let sbatch decide)."""
+    try:
+        site = load(env.get("WORKSHOP_SITE", ""))
+    except ProfileError:
+        return None
+    options, script = job_script(argv, cwd)
+    given, in_script = read_options(options), script_options(script) if script else {}
+    part = given.get("partition") or env.get("SBATCH_PARTITION") or in_script.get("partition")
+    nodes = re.match(r"\d+", given.get("nodes") or in_script.get("nodes") or "")
+    time = given.get("time") or env.get("SBATCH_TIMELIMIT") or in_script.get("time")
+    if not part or "," in part or not nodes:
+        return None
+    try:
+        minutes(time or "1")
+    except ProfileError:
+        time = None                                 # not a Slurm time: sbatch says so itself
+    try:
+        check_limits(site, part, int(nodes.group()), time or "1")
+    except ProfileError as err:
+        whole = site.partition_full_nodes
+        if part == site.partition_test != site.partition:
+            fix = f"sbatch --partition={site.partition}, or the site step without --test"
+        elif part == site.partition != whole:
+            fix = f"the site step with --gpus-per-node {site.gpus_per_node} picks {whole}"
+        else:
+            fix = "sbatch --partition=<another> (the site's partitions: site_profiles --list)"
+        return f"{err.message.removesuffix(', or another partition')}; not submitted: {fix}"
+    return None
+
+
+def try_line(step: str, line: list[str], env: dict, cwd=None) -> tuple[int, str, bool]:
+    """(exit status, what it said, whether it reached sbatch) of ``line`` typed in a bash after
+    the site step ``step`` (its options), with an sbatch on PATH that only says it was reached."""
+    with tempfile.TemporaryDirectory(prefix="site-step-") as stub:
+        Path(stub, "sbatch").write_text("#!/bin/sh\necho 'sbatch reached: submitted'\n")
+        os.chmod(Path(stub, "sbatch"), 0o755)
+        step_line = (f'eval "$({shlex.quote(sys.executable)} -m source_code.launch.site_profiles {step} '
+                     '--format exports 2>/dev/null)"')
+        done = subprocess.run(["bash", "-c", f"{step_line} && {shlex.join(line)}"], capture_output=True,
+                              text=True, cwd=cwd, env={**env, "PATH": f"{stub}:{env.get('PATH', '')}"})
+    return done.returncode, (done.stderr + done.stdout).strip(), "sbatch reached" in done.stdout
+
+
+def main(argv=None) -> int:
+    said = check_submission(sys.argv[1:] if argv is None else argv, os.environ, Path.cwd())
+    if said:
+        print(said, file=sys.stderr)
+        return 2
+    return 0
 
 
 def summary(pairs: list[tuple[str, str]]) -> str:
@@ -149,3 +263,7 @@ def after_step(options: str, env: dict, cwd=None) -> tuple[dict, str]:
     done = subprocess.run(["bash", "-c", f"{step} && env -0"], capture_output=True, text=True, cwd=cwd, env=env)
     left = dict(kv.split("=", 1) for kv in done.stdout.split("\0") if kv.startswith(("SBATCH_", "WORKSHOP_SITE=")))
     return (left if done.returncode == 0 else {}), done.stderr.strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,8 +44,12 @@ def problem(line: str) -> str:
         ranks = [m.group(1) for m in parsed]
         counts = {m.group(2) for m in parsed}
         if len(printed) != nodes:
-            return (f"{len(printed)} tasks started on {nodes} nodes: one launcher a node, "
-                    f"whatever the job's {TASKS_PER_NODE} tasks a node")
+            why = (f"{len(printed)} tasks started on {nodes} nodes: one launcher a node, "
+                   f"whatever the job's {TASKS_PER_NODE} tasks a node")
+            if "--ntasks-per-node" in line:   # Slurm's own warning, which srun writes to stderr
+                why += ("; srun warned that it cannot honor --ntasks-per-node, which is smaller than "
+                        "the step's task count in all (the job's, unless the line says otherwise)")
+            return why
         if counts != {str(nodes)}:
             return f"on {nodes} nodes the tasks printed --nnodes={', '.join(sorted(counts))}"
         if len(set(ranks)) == 1:
