@@ -34,10 +34,11 @@ run: venv
 	$(BIN)/torchrun --standalone --nproc-per-node=$(NPROC) -m source_code.training.ddp $(ARGS)
 
 ## the whole suite: unit, parity, fault, Slurm and every notebook (nbval), in TEST_WORKERS
-## processes (pytest-xdist; one file to a worker at a time: a notebook's cells stay in order)
+## processes (pytest-xdist; one file to a worker at a time, so a notebook's cells stay in order, and
+## every file that submits Slurm jobs on one worker: conftest.py)
 TEST_WORKERS ?= 2
 test: venv
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup \
 		--no-loadscope-reorder $(PYTEST_ARGS)
 
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)

@@ -40,20 +40,28 @@ def _uses_the_cluster(item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Longest work first, so that parallel workers (make test: pytest-xdist, one file to a
-    worker at a time) end together: the files that submit Slurm jobs (mostly waiting for the
-    cluster, whose jobs meanwhile use the cores), then the notebooks by their stored run time,
-    then the other test files. Each file's tests keep their order."""
+    """Longest work first, so that parallel workers end together: the files that submit Slurm
+    jobs, then the notebooks by their stored run time, then the other test files. Each file's
+    tests keep their order.
+
+    The local cluster runs one two-node job at a time, so every file that uses it (and notebook
+    06, which submits jobs) is one unit of work for one worker (make test: pytest-xdist with
+    --dist loadgroup): that worker submits and waits while the others compute. One file to a
+    worker otherwise, so that a notebook's cells stay in order in one kernel. Without -n the
+    group marks change nothing."""
     files: dict[str, tuple] = {}
     for item in items:
         path = item.nodeid.split("::")[0]
         rank = files.get(path, (2, 0.0))
-        if _uses_the_cluster(item):
+        if _uses_the_cluster(item) or path.startswith("notebooks/06_"):
             rank = (0, 0.0)
         elif path.endswith(".ipynb"):
             rank = (1, -_stored_run_seconds(Path(str(item.fspath))))
         files[path] = min(rank, files.get(path, rank))
     items.sort(key=lambda item: files[item.nodeid.split("::")[0]])
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("local-slurm-cluster" if files[path][0] == 0 else path))
 
 
 # Notebook 06 submits jobs to the local cluster when one runs (and says it skipped otherwise): in
