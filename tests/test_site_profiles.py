@@ -378,18 +378,20 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_",
 
 @pytest.mark.parametrize("step_options,line,refused", [
     ("--site mahti --account p --gpus-per-node 2", ["sbatch", "slurm/ddp_multinode.slurm"],
-     "Mahti's partition gpusmall takes at most 1 node(s) for 36 h; this asks for 2 node(s)"),
+     "Mahti's partition gpusmall takes at most 1 node(s) for 36 h; this job asks for 2 node(s)"),
     ("--site mahti --account p --gpus-per-node 2", ["sbatch", "slurm/ddp_single_node.slurm"], None),
     ("--site mahti --account p --gpus-per-node 2", ["sbatch", "--nodes=1", "slurm/ddp_multinode.slurm"], None),
     ("--site mahti --account p", ["sbatch", "slurm/ddp_multinode.slurm"], None),
     ("--site puhti --account p --test", ["sbatch", "-t", "1:00:00", "slurm/ddp_multinode.slurm"],
-     "Puhti's partition gputest takes at most 2 node(s) for 15 min; this asks for 2 node(s) for 1 h"),
+     "Puhti's partition gputest takes at most 2 node(s) for 15 min; this job asks for 2 node(s) for 1 h"),
     ("--site puhti --account p --test --time 00:10:00", ["sbatch", "-N", "3", "slurm/ddp_multinode.slurm"],
-     "this asks for 3 node(s) for 10 min"),
+     "this job asks for 3 node(s) for 10 min"),
     ("--site lumi --account p --gpus-per-node 2", ["sbatch", "-N8", "slurm/ddp_multinode.slurm"],
      "LUMI's partition small-g takes at most 4 node(s)"),
     ("--site lumi --account p --gpus-per-node 2", ["sbatch", "-p", "standard-g", "-N8", "slurm/ddp_multinode.slurm"], None),
     ("--site lumi --account p", ["sbatch", "--wrap", "hostname"], None),
+    ("--site lumi --account p", ["sbatch", "-t", "3-00:00:00", "slurm/ddp_single_node.slurm"],
+     "standard-g takes at most 1024 node(s) for 2 days; this job asks for 1 node(s) for 3 days: not submitted; ask for 2 days"),
 ])
 def test_a_bare_line_its_partition_cannot_take_is_refused_before_submission(step_options, line, refused):
     code, said, reached = site_step.try_line(step_options, line, CLEAN_ENV, cwd=ROOT)
@@ -397,7 +399,7 @@ def test_a_bare_line_its_partition_cannot_take_is_refused_before_submission(step
         assert code == 0 and reached, said
     else:
         assert code == 2 and not reached and len(said.splitlines()) == 1, said
-        assert said.startswith("error: ") and refused in said and "not submitted: " in said, said
+        assert said.startswith("error: ") and refused in said and ": not submitted; " in said, said
 
 
 def test_the_sbatch_check_that_cannot_start_leaves_the_decision_to_sbatch(tmp_path):

@@ -47,7 +47,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from source_code.launch.site_profiles import ProfileError, Site, check_limits, load, minutes
+from source_code.launch.site_profiles import ProfileError, Site, check_limits, human, load, minutes
 
 VARIABLES = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_GPUS_PER_NODE", "SBATCH_GRES",
              "SBATCH_MEM_PER_GPU", "SBATCH_TIMELIMIT", "SBATCH_RESERVATION")
@@ -205,24 +205,28 @@ def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
     part = given.get("partition") or env.get("SBATCH_PARTITION") or in_script.get("partition")
     nodes = re.match(r"\d+", given.get("nodes") or in_script.get("nodes") or "")
     time = given.get("time") or env.get("SBATCH_TIMELIMIT") or in_script.get("time")
-    if not part or "," in part or not nodes:
+    limit = next(((most, longest) for name, most, longest in site.limits if name == part), None)
+    if not part or "," in part or not nodes or limit is None:
         return None
     try:
-        minutes(time or "1")
+        asked = minutes(time) if time else None
     except ProfileError:
-        time = None                                 # not a Slurm time: sbatch says so itself
-    try:
-        check_limits(site, part, int(nodes.group()), time or "1")
-    except ProfileError as err:
-        whole = site.partition_full_nodes
-        if part == site.partition_test != site.partition:
-            fix = f"sbatch --partition={site.partition}, or the site step without --test"
-        elif part == site.partition != whole:
-            fix = f"the site step with --gpus-per-node {site.gpus_per_node} picks {whole}"
-        else:
-            fix = "sbatch --partition=<another> (the site's partitions: site_profiles --list)"
-        return f"{err.message.removesuffix(', or another partition')}; not submitted: {fix}"
-    return None
+        asked = None                                # not a Slurm time: sbatch says so itself
+    count, (most, longest) = int(nodes.group()), limit
+    if count <= most and (asked is None or asked <= minutes(longest)):
+        return None
+    whole = site.partition_full_nodes
+    if part == site.partition_test != site.partition:
+        fix = f"sbatch --partition={site.partition}, or the site step without --test"
+    elif count > most and part == site.partition != whole:
+        fix = f"the site step with --gpus-per-node {site.gpus_per_node} picks {whole}"
+    elif count <= most:
+        fix = f"ask for {human(minutes(longest))} at most (sbatch --time=...)"
+    else:
+        fix = "sbatch --partition=<another> (the site's partitions: site_profiles --list)"
+    return (f"error: {site.name}'s partition {part} takes at most {most} node(s) for "
+            f"{human(minutes(longest))}; this job asks for {count} node(s)"
+            f"{f' for {human(asked)}' if asked else ''}: not submitted; {fix}")
 
 
 def try_line(step: str, line: list[str], env: dict, cwd=None) -> tuple[int, str, bool]:
