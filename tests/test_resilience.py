@@ -176,6 +176,21 @@ def test_restart_holds_its_snapshot_from_the_kill_whichever_rank_logs_late():
             assert recovery.loss_at_seconds(m["evals"], t - m["start_t"])["step"] == step
 
 
+def test_where_each_windows_seconds_went_on_made_up_logs():
+    logs = _ft_logs()
+    timed = {5.0: {"quorum_s": 1.2}, 6.0: {"quorum_s": 0.05}, 9.0: {"quorum_s": 0.1, "allreduce_s": 0.3}}
+    logs[0] = [dict(e, **timed.get(e["t"], {})) if e.get("event") == "step" else e for e in logs[0]]
+    m = recovery.ft_metrics(logs, victim=1, batch_size=32)
+    parts = recovery.ft_time_parts(m, logs, victim=1, until=7)       # the kill at 3.5 to step 7 at 9.0
+    assert parts == pytest.approx({recovery.DISCARDED: 0.1, recovery.QUORUM_ALONE: 1.25,
+                                   recovery.HEAL_WAITS: 0.4, recovery.STEPS: 5.5 - 0.1 - 1.25 - 0.4})
+    logs = _restart_logs()
+    logs[1].insert(6, _ev(18.0, event="start", attempt=1))
+    m = recovery.restart_metrics(logs, batch_size=32)
+    relaunch, redo, new = recovery.restart_time_parts(m, logs, until=6).values()
+    assert (relaunch, redo, new) == pytest.approx((18.0 - 5.5, 25.0 - 18.0, 26.0 - 25.0))
+
+
 def test_losses_at_equal_steps_and_time():
     evals = [{"seconds": 1.0, "step": 4, "eval_loss": 3.0}, {"seconds": 2.0, "step": 8, "eval_loss": 2.0},
              {"seconds": 9.0, "step": 8, "eval_loss": 2.5}]

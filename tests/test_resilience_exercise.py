@@ -19,6 +19,8 @@ def _copy(fn):
 
 # copies, for the made-up answers: the check hides young_daly's functions (and names bound to them)
 best_interval, waste_fraction = _copy(young_daly.best_interval), _copy(young_daly.waste_fraction)
+# and of the reference, for answers made from it (the check hides the reference from any other answer)
+reference = _copy(snapshot_every_steps)
 
 
 def test_reference_passes():
@@ -45,9 +47,9 @@ def _daly_capped(c, s, f):       # first-order Daly, M beyond C >= 2M
 
 
 def test_right_answers_written_another_way_pass():
-    for fn in (_floor_of_best, _grid_search, lambda c, s, f: float(snapshot_every_steps(c, s, f)),
-               lambda c, s, f: np.int64(snapshot_every_steps(c, s, f)),
-               lambda c, s, f: np.float32(snapshot_every_steps(c, s, f))):
+    for fn in (_floor_of_best, _grid_search, lambda c, s, f: float(reference(c, s, f)),
+               lambda c, s, f: np.int64(reference(c, s, f)),
+               lambda c, s, f: np.float32(reference(c, s, f))):
         assert check_snapshot_every(fn).startswith("correct"), fn
 
 
@@ -99,8 +101,8 @@ def test_unfinished_raising_and_non_numbers_are_one_line():
     assert check_snapshot_every(todo).startswith("not done yet")
     assert check_snapshot_every(broken).startswith("wrong: it raised ZeroDivisionError")
     assert check_snapshot_every(lambda *a: "10").startswith("wrong: return a number")
-    assert check_snapshot_every(lambda *a: snapshot_every_steps(*a) + 0.5).startswith("wrong: return a whole")
-    assert check_snapshot_every(lambda c, s, f: snapshot_every_steps(c, s, f) * 3).startswith("wrong: too large")
+    assert check_snapshot_every(lambda *a: reference(*a) + 0.5).startswith("wrong: return a whole")
+    assert check_snapshot_every(lambda c, s, f: reference(c, s, f) * 3).startswith("wrong: too large")
 
 
 def test_the_cases_separate_the_model_from_its_approximations():
@@ -148,3 +150,12 @@ def test_the_band_is_tight_where_nearly_all_time_is_wasted():
     best = best_interval(case[0], _mtbf(case[2])) / case[1]
     assert right(round(best), case)
     assert not right(math.floor(best / 2), case) and not right(math.ceil(2 * best), case)
+
+
+def test_the_reference_solution_is_hidden_from_the_answer_and_comes_back():
+    from source_code.solutions import nb17_resilience
+    copied = nb17_resilience.snapshot_every_steps           # a name bound before the check, too
+    verdict = check_snapshot_every(lambda c, s, f: copied(c, s, f))
+    assert verdict.startswith("wrong") and "hidden" in verdict and "\n" not in verdict, verdict
+    assert check_snapshot_every(nb17_resilience.snapshot_every_steps).startswith("correct")
+    assert nb17_resilience.snapshot_every_steps(45.0, 2.0, 6.0) == copied(45.0, 2.0, 6.0) >= 1

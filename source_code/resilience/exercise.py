@@ -11,7 +11,8 @@ Any whole number counts, whatever its type (an int, a float such as 12.0, a NumP
 While the learner's function runs, young_daly's functions are hidden (their code is swapped
 for a one-line error, so a name bound to them earlier is hidden too; a reload of the module is
 undone and refused): calling ``best_interval`` would be the whole answer, and the exercise is to
-find the best whole number of steps from section 2's formula.
+find the best whole number of steps from section 2's formula. The reference solution in
+source_code.solutions is hidden the same way (unless it is the function checked).
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from source_code.resilience import young_daly
 # the model's functions, kept for the check itself (the learner's code finds them hidden)
 _WASTE, _BEST = young_daly.waste_fraction, young_daly.best_interval
 HIDDEN = ("waste_fraction", "best_interval", "young_interval", "daly_first_order", "simulate")
-HIDDEN_MESSAGE = ("young_daly's functions are hidden during the check: find the best whole number "
-                  "of steps from section 2's waste formula yourself")
+HIDDEN_MESSAGE = ("young_daly's functions (and the reference solution) are hidden during the check: find "
+                  "the best whole number of steps from section 2's waste formula yourself")
 
 TOLERANCE = 0.01       # at most 1 % more waste, and 1 % less useful time, than the best whole number of steps
 # (snapshot seconds, step seconds, failures per day): a laptop drill, a big cluster, a costly
@@ -92,39 +93,50 @@ class Hidden(RuntimeError):
 
 
 def _hidden_body(*_args, **_kwargs):
-    raise PermissionError("young_daly's functions are hidden during the check: find the best whole number "
-                          "of steps from section 2's waste formula yourself")
+    raise PermissionError("young_daly's functions (and the reference solution) are hidden during the check: find "
+                          "the best whole number of steps from section 2's waste formula yourself")
+
+
+def _hideable(answer) -> list:
+    """(module, name) of every function hidden from ``answer``: young_daly's, and the reference
+    solution's (importable from source_code.solutions) unless ``answer`` is that function."""
+    from source_code.solutions import nb17_resilience as reference
+    pairs = [(young_daly, name) for name in HIDDEN]
+    if answer is not reference.snapshot_every_steps:
+        pairs.append((reference, "snapshot_every_steps"))
+    return pairs
 
 
 @contextlib.contextmanager
-def _hidden():
+def _hidden(answer=None):
     """The functions' code itself is swapped, so that a name bound to them before the check
     (``bi = young_daly.best_interval``, this module's ``_BEST``) raises too; a module whose
     functions were replaced meanwhile (``importlib.reload(young_daly)`` binds fresh, unhidden
     ones) gets its own back, and the answer counts as one that called them."""
-    functions = [getattr(young_daly, name) for name in HIDDEN]
+    pairs = _hideable(answer)
+    functions = [getattr(module, name) for module, name in pairs]
     kept = [fn.__code__ for fn in functions]
     try:
         for fn in functions:
             fn.__code__ = _hidden_body.__code__
         yield
-        if any(getattr(young_daly, name) is not fn for name, fn in zip(HIDDEN, functions)):
+        if any(getattr(module, name) is not fn for (module, name), fn in zip(pairs, functions)):
             raise Hidden(HIDDEN_MESSAGE)
     except PermissionError as exc:
         if str(exc) == HIDDEN_MESSAGE:
             raise Hidden(HIDDEN_MESSAGE) from None
         raise
     finally:
-        for name, fn, code in zip(HIDDEN, functions, kept):
+        for (module, name), fn, code in zip(pairs, functions, kept):
             fn.__code__ = code
-            setattr(young_daly, name, fn)
+            setattr(module, name, fn)
 
 
 def check_snapshot_every(fn) -> str:
     values = []
     for case in CASES:
         try:
-            with _hidden():
+            with _hidden(fn):
                 got = fn(*case)
         except NotImplementedError:
             return "not done yet: write snapshot_every_steps, then run this cell again"

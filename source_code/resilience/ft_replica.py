@@ -81,10 +81,40 @@ def build(args):
     return model, optimizer, manager, Optimizer(manager, optimizer), store
 
 
+def time_waits(manager) -> dict:
+    """Instrumentation, not lesson: wrap the manager's calls so that each adds its seconds to
+    the returned dict (the step loop logs and clears it every step): ``quorum``, the waits for
+    the step's quorum (``wait_quorum``: the lighthouse's answer, the process group reconfigured,
+    a heal's state sent or received); ``allreduce``, the waits on the gradients' all-reduce
+    (``work.wait()``: the transfer, and a peer that has not reached its all-reduce yet);
+    ``commit``, the commit vote (``should_commit``; a healing group loads the state there)."""
+    spent = {"quorum": 0.0, "allreduce": 0.0, "commit": 0.0}
+
+    def timed(name, call):
+        def wrapper(*args, **kwargs):
+            begun = time.time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[name] += time.time() - begun
+        return wrapper
+    allreduce = manager.allreduce
+
+    def allreduce_timed(*args, **kwargs):
+        work = allreduce(*args, **kwargs)
+        work.wait = timed("allreduce", work.wait)
+        return work
+    manager.wait_quorum = timed("quorum", manager.wait_quorum)
+    manager.should_commit = timed("commit", manager.should_commit)
+    manager.allreduce = allreduce_timed
+    return spent
+
+
 def train(args) -> None:
     log = common.StepLog(args.log)
     dataset = common.task()
     model, optimizer, manager, ft_optimizer, _store = build(args)
+    spent = time_waits(manager)
     per_group = args.batch_size // args.replicas
     if args.kill_at_step and args.attempt == 0:
         faults.die_in_torchft_allreduce(manager, args.kill_at_step, log, per_group, args.replica)
@@ -94,13 +124,15 @@ def train(args) -> None:
     try:
         while True:
             begun = time.time()
+            spent.update(dict.fromkeys(spent, 0.0))
             step, loss = step_once(manager, model, ft_optimizer, dataset, args)
             done = manager.current_step()
             committed, everyone = done > step, manager.num_participants() == args.replicas
             together = together + 1 if committed and everyone else 0
             log.write(event="step", replica=args.replica, attempt=args.attempt, before=step, step=done,
                       committed=committed, participants=manager.num_participants(), samples=per_group,
-                      used=committed and manager.is_participating(), begun=begun, loss=loss.item())
+                      used=committed and manager.is_participating(), begun=begun, loss=loss.item(),
+                      **{f"{name}_s": seconds for name, seconds in spent.items()})
             if args.replica == 0 and committed and done % args.eval_every == 0:
                 log.write(event="eval", step=done, eval_loss=common.eval_loss(model, dataset))
             time.sleep(max(0.0, args.step_seconds - (time.time() - begun)))   # a bigger model's compute

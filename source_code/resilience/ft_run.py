@@ -7,7 +7,8 @@ group asks "who is alive this step?") in this process, bound to 127.0.0.1; it st
 replica group (source_code/resilience/ft_replica.py, ``python -m`` as on a node, forked from a
 server that has torch imported: forked.py); when the drill kills one, it starts that group
 again once the others have committed a step without it (as a replacement node would come
-back, later than the lighthouse's heartbeat timeout); at the end it stops the lighthouse and
+back, after the lighthouse's heartbeat timeout: the harness's choice, reported as
+``replacement_s``, when it started the group and when its process was up); at the end it stops the lighthouse and
 every process it started, also after an error or an interrupt. What happened is read back
 from the replicas' JSON-lines logs (recovery.py measures it).
 """
@@ -106,6 +107,8 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
             argv += ["--gate", f"127.0.0.1:{gate.port}"]
         env = {**os.environ, **QUIET, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         out = os.path.join(workdir, f"replica_{r}_attempt_{attempt}.out")
+        if os.path.exists(out):                  # a former run's lines are not this one's
+            os.remove(out)
         p = forked.start("source_code.resilience.ft_replica", argv, out, env)
         procs[r] = p
         tails.append(forked.Tail(out, p, keep))
@@ -118,13 +121,14 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
             launch(r, 0)
         while any(p.exitcode is None for p in procs.values()) or len(restarted) < (1 if kill_at else 0):
             for r, p in list(procs.items()):
-                # killed by the drill: started again once the others went on without it (a
-                # replacement takes longer than the lighthouse's heartbeat timeout, here as on a cluster)
+                # killed by the drill: started again once the others went on without it, a choice
+                # of this harness (a replacement node after the heartbeat timeout; torchrun's
+                # restart in compare.py gets its worker back at once): run() reports both moments
                 if p.exitcode == -9 and r not in restarted and _went_on_alone(logs, r, replicas):
                     restarted[r] = time.time()
                     launch(r, 1)
                 elif p.exitcode not in (None, 0, -9):
-                    raise RuntimeError(f"replica {r} failed (exit {p.returncode}):\n"
+                    raise RuntimeError(f"replica {r} failed (exit {p.exitcode}):\n"
                                        + "".join(lines[-20:]))
             if time.time() > deadline:
                 raise TimeoutError(f"ft_run did not finish within {timeout:.0f} s:\n" + "".join(lines[-20:]))
@@ -136,9 +140,14 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
             t.join()
         lighthouse.shutdown()                    # ... the lighthouse included
     events = {r: common.read_log(path) for r, path in enumerate(logs)}
+    metrics = recovery.ft_metrics(events, victim, batch_size)
+    up = [e["t"] for e in events[victim] if e.get("event") == "start" and e.get("attempt") == 1]
+    # when the harness started the killed group again, and when its process was up (Manager built)
+    back = {"launched": restarted[victim] - metrics["kill_t"] if victim in restarted else None,
+            "up": up[0] - metrics["kill_t"] if up else None}
     return {"events": events, "restarted_at": restarted, "victim": victim, "kill_at": kill_at,
             "batch_size": batch_size, "replicas": replicas, "timeouts": timeouts(),
-            **recovery.ft_metrics(events, victim, batch_size)}
+            "replacement_s": back, **metrics}
 
 
 def main(argv=None):

@@ -24,6 +24,15 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class Held(NamedTuple):
+    """One evaluated model, held by the job from ``seconds`` on."""
+    seconds: float
+    step: int
+    attempt: int
+
 
 def _steps(events, **where):
     return [e for e in events if e.get("event") == "step" and all(e.get(k) == v for k, v in where.items())]
@@ -43,7 +52,7 @@ def _evals(events_by_rank: dict, t0: float, commit_of, rollback: tuple | None = 
     clock, whichever rank logged the evaluation). ``rollback`` = (time, step): a restarted job
     holds its snapshot's model from the kill on (attempt 0's evaluation of that step), and
     nothing attempt 0 evaluated counts after the kill."""
-    held = {}                                  # (seconds, step, attempt) -> eval loss
+    held = {}                                  # Held(seconds, step, attempt) -> eval loss
     for evs in events_by_rank.values():
         attempt = 0
         for e in evs:
@@ -52,15 +61,14 @@ def _evals(events_by_rank: dict, t0: float, commit_of, rollback: tuple | None = 
             elif e.get("event") in ("eval", "end") and "eval_loss" in e:
                 committed = commit_of(attempt, e["step"])
                 if committed is not None:
-                    held[(committed - t0, e["step"], attempt)] = e["eval_loss"]
+                    held[Held(committed - t0, e["step"], attempt)] = e["eval_loss"]
     if rollback is not None:
         kill, step = rollback[0] - t0, rollback[1]
-        snapshot_loss = [loss for (seconds, st, attempt), loss in held.items() if st == step and attempt == 0]
-        held = {key: loss for key, loss in held.items() if key[2] != 0 or key[0] <= kill}
+        snapshot_loss = [loss for h, loss in held.items() if h.step == step and h.attempt == 0]
+        held = {h: loss for h, loss in held.items() if h.attempt != 0 or h.seconds <= kill}
         if snapshot_loss:
-            held[(kill, step, 0)] = snapshot_loss[-1]
-    return [{"seconds": seconds, "step": step, "eval_loss": held[(seconds, step, attempt)]}
-            for seconds, step, attempt in sorted(held)]
+            held[Held(kill, step, 0)] = snapshot_loss[-1]
+    return [{"seconds": h.seconds, "step": h.step, "eval_loss": held[h]} for h in sorted(held)]
 
 
 def _first_commits(events: list) -> dict:
@@ -90,6 +98,51 @@ def window(run: dict, kill_step: int, until: int, batch_size: int) -> dict:
     trained = sum(run["trained"].get(s, 0) for s in steps)
     return {"until_step": until, "seconds": seconds, "samples_trained": trained,
             "samples_missing": len(steps) * batch_size - trained, "goodput": trained / seconds}
+
+
+DISCARDED, QUORUM_ALONE = "the step the kill landed in (discarded)", "quorum waits without the dead group"
+HEAL_WAITS, STEPS = "the heal step's waits (quorum, all-reduce, commit)", "steps (compute, evaluations, other waits)"
+
+
+def ft_time_parts(run: dict, events: dict, victim: int, until: int) -> dict:
+    """Where the first survivor's seconds from the kill to its commit of step ``until`` went,
+    from its step log (each step's waits timed by ft_replica.time_waits). The parts add up to
+    the window's seconds: the step the kill landed in (thrown away); the quorum waits before
+    the heal (a dead group's heartbeats must go stale); the heal step's quorum, all-reduce and
+    commit waits (the returning group's first step); the rest (computing steps, evaluations,
+    the other waits)."""
+    survivor = min(r for r in events if r != victim)
+    end, previous = run["commits"][until], run["kill_t"]
+    parts = dict.fromkeys((DISCARDED, QUORUM_ALONE, HEAL_WAITS, STEPS), 0.0)
+    for e in sorted(_steps(events[survivor]), key=lambda e: e["t"]):
+        if not run["kill_t"] < e["t"] <= end:
+            continue
+        seconds, previous = e["t"] - previous, e["t"]
+        if not e["committed"]:
+            parts[DISCARDED] += seconds
+            continue
+        if e["step"] == run["heal_step"]:
+            waited = e.get("quorum_s", 0.0) + e.get("allreduce_s", 0.0) + e.get("commit_s", 0.0)
+            parts[HEAL_WAITS] += waited
+        elif run["heal_step"] is None or e["step"] < run["heal_step"]:
+            waited = e.get("quorum_s", 0.0)
+            parts[QUORUM_ALONE] += waited
+        else:
+            waited = 0.0
+        parts[STEPS] += seconds - waited
+    return parts
+
+
+def restart_time_parts(run: dict, events: dict, until: int) -> dict:
+    """Where a restarted job's seconds from the kill to its commit of step ``until`` went: the
+    relaunch (to the first restarted worker's start), reading the snapshot and redoing the
+    steps it lost (to the commit of the last of them), the new steps from the one the kill
+    landed in on."""
+    starts = [e["t"] for evs in events.values() for e in evs if e.get("event") == "start" and e.get("attempt") == 1]
+    started = min(starts) if starts else run["kill_t"]
+    redone = max(started, run["commits"][run["kill_step"]])
+    return {"relaunch (to a restarted worker's start)": started - run["kill_t"],
+            "snapshot read, lost steps redone": redone - started, "new steps": run["commits"][until] - redone}
 
 
 def loss_at_seconds(evals: list, seconds: float) -> dict:

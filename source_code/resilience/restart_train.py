@@ -35,6 +35,7 @@ def train(me, args) -> None:
     attempt = args.attempt if args.attempt is not None else int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log = common.StepLog(os.path.join(args.log_dir, f"rank_{me.rank}.jsonl") if args.log_dir else "")
     dataset = common.task()
+    log.write(event="start", attempt=attempt)
     model, optimizer = common.build(args.seed)
     start = 0
     if os.path.exists(args.checkpoint):
@@ -53,10 +54,12 @@ def train(me, args) -> None:
         begun = time.time()
         x, y = common.part_batch(dataset, step, args.batch_size, me.world_size, me.rank)
         optimizer.zero_grad()
-        workload.loss_fn(ddp, x, y).backward()
+        loss = workload.loss_fn(ddp, x, y)
+        loss.backward()
         optimizer.step()
         finished[0] = step + 1
-        log.write(event="step", attempt=attempt, step=finished[0], begun=begun, samples=per_rank)
+        log.write(event="step", attempt=attempt, step=finished[0], begun=begun, samples=per_rank,
+                  loss=loss.item())
         if me.rank == 0 and finished[0] % args.eval_every == 0:
             log.write(event="eval", step=finished[0], eval_loss=common.eval_loss(model, dataset))
         time.sleep(max(0.0, args.step_seconds - (time.time() - begun)))  # a bigger model's compute
