@@ -132,7 +132,7 @@ def _loss_diff(returned, share: float) -> float:
     to the latter (inf where a rank returned no number); ``share``: one process's loss / the
     ranks of one mesh."""
     try:
-        mine = float(returned)
+        mine = float(returned.detach() if isinstance(returned, torch.Tensor) else returned)
     except (TypeError, ValueError, RuntimeError):
         mine = float("inf")
     sums = torch.tensor([mine, share], dtype=torch.float64)
