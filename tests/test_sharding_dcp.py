@@ -1,4 +1,10 @@
-"""Sharded checkpoints: exact resume, resharding 2 -> 4 -> 1, a kill during a DCP save, one-line errors."""
+"""Sharded checkpoints: exact resume, resharding 2 -> 4 -> 1, a kill during a DCP save, one-line errors.
+
+The training and loading runs are train.py's and dcp_demo.py's own code (the flags parsed and
+checked as main() does, then ``train.train`` / ``dcp_demo.run``) in groups of processes forked
+by processes.spawn, several runs in one group; only what is about the launch (a kill of
+torchrun's ranks mid-save, an error printed once by a torchrun job) starts torchrun.
+"""
 import os
 import re
 import shutil
@@ -9,17 +15,43 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from source_code.distributed import context, seed_everything
+from source_code.errors import run_main
+from source_code.processes import spawn
+from source_code.sharding import checkpointing, dcp_demo, train
+from source_code.sharding.notebook_runs import printed
 from source_code.training.loop import parse_summary
 
 TRAIN = "source_code.sharding.train"
 ARGS = ["--max-steps", "2"]
 
 
-def _run(torchrun, module, *args, nproc=2):
-    out = torchrun(module, *args, nproc=nproc).stdout
-    assert "terminate called" not in out, out[-2000:]   # the clean-exit guard, every launch
-    return out
+def _train(*argv) -> str:
+    """On every rank of the group: what train.main() does inside its session; rank 0's lines."""
+    args = train.parse_args([str(a) for a in argv])
+    train_set, test_set, cfg = train.check(args)
+    seed_everything(args.seed, context().rank)                 # as session(seed=...) does
+    return printed(train.train, context(), args, train_set, test_set, cfg, show=False)[1]
+
+
+def _load(checkpoint, full="") -> str:
+    """dcp_demo.main()'s work in this group: the newest checkpoint loaded and compared."""
+    args = dcp_demo.argparse.Namespace(checkpoint=str(checkpoint), full=str(full))
+    return printed(dcp_demo.run, context(), args, checkpointing.read_progress(checkpoint), show=False)[1]
+
+
+def _train_resume_on_two(tmp_path):
+    """2 epochs uninterrupted; 1 epoch with a checkpoint (copied for the 4-rank run), resumed."""
+    a = _train(*ARGS, "--epochs", 2, "--export", tmp_path / "a.pt")
+    ck = tmp_path / "ck"
+    _train(*ARGS, "--epochs", 1, "--checkpoint", ck)
+    if context().rank == 0:
+        shutil.copytree(ck, tmp_path / "ck4")
+    dist.barrier()
+    b = _train(*ARGS, "--epochs", 2, "--checkpoint", ck, "--resume", "--export", tmp_path / "b.pt")
+    return a, b
 
 
 def _weights(path):
@@ -28,33 +60,25 @@ def _weights(path):
 
 @pytest.mark.parity
 @pytest.mark.slow
-def test_exact_resume_and_resharding_2_4_1(torchrun, tmp_path):
+def test_exact_resume_and_resharding_2_4_1(tmp_path):
     # 2 -> 4 loaded exactly (model and optimizer state equal to the full state saved from) is
     # notebook 09's DCP cell, asserted there with the same numbers; here what it does not run:
     # exact resume on 2, training on after 2 -> 4, and 4 -> 1
-    # uninterrupted: 2 epochs on 2 ranks
-    a = _run(torchrun, TRAIN, *ARGS, "--epochs", 2, "--export", tmp_path / "a.pt")
-    # 1 epoch on 2 ranks, checkpoint; resume on 2 ranks for epoch 2: exactly the same weights
-    ck = tmp_path / "ck"
-    _run(torchrun, TRAIN, *ARGS, "--epochs", 1, "--checkpoint", ck)
-    shutil.copytree(ck, tmp_path / "ck4")
-    b = _run(torchrun, TRAIN, *ARGS, "--epochs", 2, "--checkpoint", ck, "--resume",
-             "--export", tmp_path / "b.pt")
+    a, b = spawn(_train_resume_on_two, 2, tmp_path, stream=False)[0]
     steps = 2 * int(ARGS[-1])
     assert "resumed from" in b and parse_summary(b)["steps"] == parse_summary(a)["steps"] == steps
     wa, wb = _weights(tmp_path / "a.pt"), _weights(tmp_path / "b.pt")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     # 2 -> 4: training continues on 4 ranks from the 2-rank checkpoint (same global batches:
     # close to the 2-rank run)
-    c = _run(torchrun, TRAIN, *ARGS, "--epochs", 2, "--checkpoint", tmp_path / "ck4", "--resume",
-             "--export", tmp_path / "c.pt", nproc=4)
+    c = spawn(_train, 4, *ARGS, "--epochs", 2, "--checkpoint", tmp_path / "ck4", "--resume",
+              "--export", tmp_path / "c.pt", stream=False)[0]
     assert "saved by 2 ranks" in c and parse_summary(c)["world_size"] == 4
     assert parse_summary(c)["steps"] == steps
     wc = _weights(tmp_path / "c.pt")
     assert max((wa[k] - wc[k]).abs().max().item() for k in wa) < 1e-4
     # 4 -> 1: the 4-rank checkpoint on one process equals the full state exported from it
-    out = _run(torchrun, "source_code.sharding.dcp_demo", "--checkpoint", tmp_path / "ck4",
-               "--full", tmp_path / "c.pt", nproc=1)
+    out = spawn(_load, 1, tmp_path / "ck4", tmp_path / "c.pt", stream=False)[0]
     assert "saved_by=4 loaded_on=1 local_fraction=1.000 model_max_abs_diff=0 optim_max_abs_diff=0" in out
 
 
@@ -75,7 +99,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.fault
-def test_kill_during_dcp_save_leaves_previous_checkpoint(torchrun, tmp_path):
+def test_kill_during_dcp_save_leaves_previous_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", TRAIN, "--dim", "256", "--layers", "4", "--epochs", "1000", "--max-steps", "1",
@@ -101,8 +125,16 @@ def test_kill_during_dcp_save_leaves_previous_checkpoint(torchrun, tmp_path):
     assert list(ck.glob("step-*.partial-*")), "the interrupted save left its partial directory"
     name = (ck / "latest").read_text().strip()
     assert re.fullmatch(r"step-\d{8}", name) and (ck / name / ".metadata").exists()
-    out = _run(torchrun, "source_code.sharding.dcp_demo", "--checkpoint", ck, nproc=1)
+    out = spawn(_load, 1, ck, stream=False)[0]
     assert "saved_by=2 loaded_on=1" in out
+
+
+def test_bad_flag_fails_in_one_line_before_the_group_under_torchrun(torchrun):
+    # the launch as users make it: 2 ranks, one "error:" line for the job, no group formed
+    res = torchrun(TRAIN, "--batch-size", "33", nproc=2, check=False)
+    assert res.returncode != 0
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("error:")]
+    assert lines and "does not divide among 2 processes" in lines[0]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -110,8 +142,14 @@ def test_kill_during_dcp_save_leaves_previous_checkpoint(torchrun, tmp_path):
     (["--resume"], "--resume needs --checkpoint"),
     (["--dim", "30"], "multiple of --heads"),
 ])
-def test_bad_flags_fail_in_one_line_before_the_group(torchrun, args, message):
-    res = torchrun(TRAIN, *args, nproc=2, check=False)
-    assert res.returncode != 0
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("error:")]
-    assert lines and message in lines[0]
+def test_bad_flags_fail_in_one_line_before_the_group(args, message, monkeypatch, capsys):
+    # main() as rank 0 of 2 would run it under torchrun: the error before any process group
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(sys, "argv", [TRAIN, *args])
+    with pytest.raises(SystemExit) as exit_:
+        run_main(train.main)
+    assert exit_.value.code == 2 and not dist.is_initialized()
+    said = capsys.readouterr()
+    lines = [ln for ln in (said.out + said.err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], lines
