@@ -15,7 +15,8 @@ several simulated workers at once (one thread each), each with its own drift, an
 it, is averaged with what the others pass in the same call): one flat buffer, one tensor at a
 time, the parameters or the pseudo-gradients, all work as they would in a process group.
 Over several rounds (so the outer momentum matters) every worker's global and local
-parameters are compared with ``local_sgd.outer_step``'s, on fixed cases and on cases it draws
+parameters are compared with DiLoCo's definition computed here (``_expected``: the mean
+pseudo-gradient, one step of SGD with Nesterov momentum as torch defines it), on fixed cases and on cases it draws
 (other shapes, worker counts, outer learning rates and momenta) that the notebook never
 prints. It prints one line: correct, not done yet, or the first case that differs with a hint;
 ``strict`` raises ExerciseFailed instead (the tests use that). The mistakes it recognises (by
@@ -29,8 +30,6 @@ import secrets
 import threading
 
 import torch
-
-from source_code.less_communication.local_sgd import outer_step
 
 FIXED = [(2, 0.7, 0.9), (4, 0.7, 0.9), (3, 1.0, 0.0)]   # (workers, outer lr, momentum)
 DRAWN = 12
@@ -115,8 +114,8 @@ def _one_round(step_fn, globs, locs, opts) -> None:
 
 def _simulate(step_fn, workers, lr, momentum, start, rounds):
     """ROUNDS outer steps of every worker with ``step_fn``; per round, per worker: (global, local)."""
-    globs = [[t.clone() for t in start] for _ in range(workers)]
-    locs = [[t.clone() for t in start] for _ in range(workers)]
+    globs = [[t.clone().requires_grad_() for t in start] for _ in range(workers)]   # as a model's are
+    locs = [[t.clone().requires_grad_() for t in start] for _ in range(workers)]
     opts = [torch.optim.SGD(g, lr=lr, momentum=momentum, nesterov=momentum > 0) for g in globs]
     seen, tensors = [], [[id(t) for t in g + p] for g, p in zip(globs, locs)]
     for drift in rounds:
@@ -129,6 +128,25 @@ def _simulate(step_fn, workers, lr, momentum, start, rounds):
             raise ExerciseFailed("a list now holds a new tensor: update the tensors in place (the model "
                                  "and the outer optimizer hold the old ones, which did not change)")
         seen.append([([t.detach().clone() for t in g], [t.detach().clone() for t in p]) for g, p in zip(globs, locs)])
+    return seen
+
+
+def _expected(workers, lr, momentum, start, rounds):
+    """Per round, per worker (global, local) from DiLoCo's definition: the mean over the workers
+    of (last synchronisation - where the worker went), one step of torch's SGD on it (momentum
+    buffer b = d at the first step, then momentum b + d; the step d + momentum b with Nesterov,
+    d without momentum), and every worker continues from the result."""
+    glob, buf, seen = [t.clone() for t in start], None, []
+    locs = [[t.clone() for t in start] for _ in range(workers)]
+    for drift in rounds:
+        locs = [[p - step for p, step in zip(loc, d)] for loc, d in zip(locs, drift)]
+        mean = [sum(g - loc[i] for loc in locs) / workers for i, g in enumerate(glob)]
+        if momentum:
+            buf = mean if buf is None else [momentum * b + d for b, d in zip(buf, mean)]
+            mean = [d + momentum * b for d, b in zip(mean, buf)]
+        glob = [g - lr * d for g, d in zip(glob, mean)]
+        locs = [[g.clone() for g in glob] for _ in range(workers)]
+        seen.append([(glob, loc) for loc in locs])
     return seen
 
 
@@ -211,8 +229,10 @@ def _verdict(fn, seed: int) -> None:
         except ExerciseFailed as failed:
             raise ExerciseFailed(f"{where}: {failed}") from None
         except Exception as err:         # the learner's bug: one line, not a traceback here
-            raise ExerciseFailed(f"{where}: your outer step raised {type(err).__name__}: {err}") from None
-        want = _simulate(outer_step, *case)
+            hint = " (parameters are leaves that require grad: update them under torch.no_grad())" \
+                if "leaf Variable" in str(err) else ""
+            raise ExerciseFailed(f"{where}: your outer step raised {type(err).__name__}: {err}{hint}") from None
+        want = _expected(*case)
         for r, (g, w) in enumerate(zip(got, want)):
             if not _same_round(g, w):
                 raise ExerciseFailed(f"{where}, round {r + 1}: " + _hint(got, case, r))

@@ -97,7 +97,8 @@ def bandwidth(pairs: list, alpha: float, compute_s: float, betas, name: str | No
         ax.set_yscale("log")
         ax.set_xlabel(f"link bandwidth (Gb/s), latency {alpha * 1e3:g} ms")
         ax.set_ylabel("seconds to the target")
-        ax.set_title(" against ".join(pair), fontsize=9)
+        first, *rest = pair
+        ax.set_title(f"{first} against " + " and ".join(rest), fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -4,15 +4,14 @@ Every worker trains its own copy with its own inner optimizer (AdamW) on its own
 Every H steps:
 
     local SGD   params = average over workers of params                  (one all-reduce)
-    DiLoCo      the workers' averaged pseudo-gradient (one all-reduce) is applied to the
-                parameters of the last synchronisation by an outer optimizer (SGD, Nesterov
-                momentum 0.9, lr 0.7: Douillard et al., 2023), and every worker starts the
-                next round from the result (``outer_step``: notebook 18's exercise)
+    DiLoCo      the workers' averaged pseudo-gradient (one all-reduce) goes to an outer
+                optimizer (SGD, Nesterov momentum 0.9, lr 0.7: Douillard et al., 2023) that
+                holds the parameters of the last synchronisation (notebook 18's exercise)
 
 ``global`` is the parameters of the last synchronisation, kept on every worker (a second copy
 of the model, no optimizer state of its own besides the outer momentum). Local SGD is DiLoCo
 with an outer SGD of learning rate 1 and no momentum (the paper's ablation of the outer
-optimizer compares exactly these). Either way the bytes of one all-reduce of the parameters
+optimizer compares these two, and an outer Adam). Either way the bytes of one all-reduce of the parameters
 are paid once per H steps instead of every step. ``average`` may be swapped for one that sends
 fewer bits (``lowbit.py``).
 """
@@ -39,15 +38,25 @@ def local_sgd_sync(params, average=average) -> None:
 
 
 @torch.no_grad()
-def outer_step(global_params, local_params, outer_opt, average=average) -> None:
-    """DiLoCo's synchronisation: pseudo-gradient, averaged, one outer step, workers reset."""
-    deltas = [g - p for g, p in zip(global_params, local_params)]
-    average(deltas)
-    for g, d in zip(global_params, deltas):
-        g.grad = d
-    outer_opt.step()
-    for p, g in zip(local_params, global_params):
-        p.copy_(g)
+def pseudo_gradient(global_params, params) -> torch.Tensor:
+    """One flat buffer: how far the last synchronisation is from where the inner steps went."""
+    return torch.cat([(g - p).reshape(-1) for g, p in zip(global_params, params)])
+
+
+@torch.no_grad()
+def apply_outer(global_params, params, outer, mean_delta: torch.Tensor, mix: float = 0.0) -> None:
+    """The outer step on the averaged flat pseudo-gradient ``mean_delta``; then ``params``
+    (a model or a fragment) keep ``mix`` of themselves and take the rest from the result."""
+    offset = 0
+    for g in global_params:
+        g.grad = mean_delta[offset:offset + g.numel()].view_as(g)
+        offset += g.numel()
+    outer.step()
+    for p, g in zip(params, global_params):
+        if mix:
+            p.mul_(mix).add_(g, alpha=1 - mix)
+        else:
+            p.copy_(g)
 
 
 class DiLoCo:
@@ -66,8 +75,14 @@ class DiLoCo:
     def after_inner_step(self, step: int) -> bool:
         if (step + 1) % self.every:
             return False
-        outer_step(self.global_params, self.params, self.outer, self.average)
+        self.synchronise()
         return True
+
+    @torch.no_grad()
+    def synchronise(self) -> None:
+        delta = pseudo_gradient(self.global_params, self.params)
+        self.average([delta])
+        apply_outer(self.global_params, self.params, self.outer, delta)
 
 
 class LocalSGD:

@@ -4,15 +4,17 @@ A run's quality comes from training here (its held-out loss at the steps where i
 agree, ``harness.train``); its time on a link from the link model. To reach a target a method
 needs n steps (``steps_to_target``: where its held-out loss curve, linear between evaluations,
 first comes down to the target; for local SGD and DiLoCo, whose workers agree only every H
-steps, the next synchronisation after that). Each of its steps sends on average M messages and
-B bytes per rank: its collectives as the run counted them, or as a larger model would make
-them (``at_size``: from that model's parameter shapes, a full all-reduce cut into DDP's 25 MB
-buckets; PowerSGD's r(n + m) numbers per matrix either packed as its authors' code packs them,
+steps, the next synchronisation after that). Its step s sends M_s messages and B_s bytes per
+rank: its collectives as the run counted them, or as a larger model would make
+them (``at_size``: from that model's parameter shapes, a full all-reduce cut into the buckets DDP
+builds, ``ddp_buckets``; PowerSGD's r(n + m) numbers per matrix either packed as its authors' code packs them,
 one all-reduce for the uncompressed vectors, one for every matrix's P, one for every Q, after the
 backward (``packed``, the default), or as torch's DDP hook sends them, three all-reduces per
-bucket hidden behind the backward like DDP's (``packed=False``); ``terms``). Those n steps cost
+bucket, of that bucket's matrices and vectors, hidden behind the backward like DDP's
+(``packed=False``); ``terms``). The n steps are the run's first n, each charged what it sent
+(PowerSGD's plain warm-up steps at their full size):
 
-    T = n (c + M alpha + B / beta)
+    T = n c + sum over its first n steps of (M_s alpha + B_s / beta)
 
 c the compute time of a step (the 6 N T rule for that model, links.py), alpha and beta the
 link's latency and bandwidth. DDP (and its communication hooks) all-reduces each bucket while
@@ -20,7 +22,7 @@ the backward pass computes the rest (notebook 05): with ``overlap`` a step's col
 only what exceeds the backward's time, ``BACKWARD_SHARE`` of c (4 of the 6 N T), step by step (a packed PowerSGD
 step waits for the whole backward: nothing of it is hidden):
 
-    T = n (c + mean over steps of max(0, M_s alpha + B_s / beta - BACKWARD_SHARE c))
+    T = n c + sum over its first n steps of max(0, M_s alpha + B_s / beta - BACKWARD_SHARE c)
 
 DiLoCo's synchronisation waits for the H inner steps' result: nothing hides it. ``table`` gives T for every method and link, ``winners`` the
 fastest per link (``first_on_every_seed``: the same on every seed, or none). PowerSGD's own
@@ -37,6 +39,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from source_code.less_communication import compression, links
 from source_code.less_communication.harness import spec
@@ -44,6 +47,7 @@ from source_code.models import TransformerLM
 
 BACKWARD_SHARE = 4 / 6      # of a step's 6 N T: the backward's 4 N T, the time DDP can hide buckets in
 BUCKET_BYTES = 25 * 2 ** 20     # DDP's default bucket_cap_mb=25
+FIRST_BUCKET_BYTES = 2 ** 20    # and its first bucket's cap (dist._DEFAULT_FIRST_BUCKET_BYTES)
 BIG = {"vocab_size": 32000, "dim": 2048, "n_layers": 24, "n_heads": 16, "max_len": 2048}   # 1.34B
 
 
@@ -51,6 +55,27 @@ def model_shapes(cfg: dict = BIG) -> list:
     """The parameter shapes of a TransformerLM of ``cfg`` (built on the meta device: no memory)."""
     with torch.device("meta"):
         return [tuple(p.shape) for p in TransformerLM(**cfg).parameters()]
+
+
+def ddp_buckets(shapes: list, bucket_bytes: int = BUCKET_BYTES) -> list:
+    """The buckets DDP builds for fp32 parameters of ``shapes``, as lists of indices into
+    ``shapes``, in the order their all-reduces start. torch's own assignment
+    (``dist._compute_bucket_assignment_by_size``, as DDP calls it when it rebuilds its buckets
+    after the first step) of the parameters in the order their gradients become ready, here the
+    reverse of the model's (its backward's order): a parameter is never split, a bucket closes
+    once it holds ``bucket_bytes`` or more, and the first one once it holds 1 MB."""
+    with torch.device("meta"):
+        tensors = [torch.empty(shape) for shape in reversed(shapes)]
+    buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [FIRST_BUCKET_BYTES, bucket_bytes])
+    return [[len(shapes) - 1 - i for i in bucket] for bucket in buckets]
+
+
+def powersgd_numbers(shapes: list, rank: int) -> tuple:
+    """(vector numbers, P numbers, Q numbers) PowerSGD sends for parameters of ``shapes``:
+    vectors (and matrices too small to compress) as they are, r n and r m per n x m matrix."""
+    mats = [(shape[0], math.prod(shape[1:])) for shape in shapes if compression.compressible(shape, rank)]
+    vectors = sum(math.prod(shape) for shape in shapes) - sum(n * m for n, m in mats)
+    return vectors, rank * sum(n for n, _ in mats), rank * sum(m for _, m in mats)
 
 
 def steps_to_target(run: dict, target: float) -> float | None:
@@ -69,23 +94,20 @@ def steps_to_target(run: dict, target: float) -> float | None:
 
 def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES, packed: bool = True) -> dict:
     """``run`` with the collectives a model of parameter ``shapes`` makes in its steps: a full
-    all-reduce (4 bytes a parameter) becomes the big model's, cut into DDP's buckets for the DDP
-    methods (local SGD's and DiLoCo's synchronisation stays one all-reduce); a PowerSGD step
-    sends the vectors, P (r n per n x m matrix) and Q (r m): ``packed``, each in one all-reduce
-    (Vogels et al.'s code), marked ``exposed`` (after the backward); else per bucket its share
-    of each (torch's hook, three all-reduces a bucket)."""
+    all-reduce (4 bytes a parameter) becomes the big model's, one all-reduce per DDP bucket
+    (``ddp_buckets``) for the DDP methods (local SGD's and DiLoCo's synchronisation stays one
+    all-reduce); a PowerSGD step sends the vectors, P (r n per n x m matrix) and Q (r m):
+    ``packed``, each in one all-reduce (Vogels et al.'s code), marked ``exposed`` (after the
+    backward); else three all-reduces per bucket, of that bucket's (torch's hook)."""
     sp = spec(run["method"])
     n_big = sum(math.prod(shape) for shape in shapes)
-    buckets = 1 if sp["local"] else math.ceil(4 * n_big / bucket_bytes)
-    full = [("all_reduce", 4 * n_big / buckets)] * buckets
+    buckets = [list(range(len(shapes)))] if sp["local"] else ddp_buckets(shapes, bucket_bytes)
+    full = [("all_reduce", 4 * sum(math.prod(shapes[i]) for i in bucket)) for bucket in buckets]
     compressed = []
     if sp["rank"]:
-        r = sp["rank"]
-        mats = [(shape[0], math.prod(shape[1:])) for shape in shapes if compression.compressible(shape, r)]
-        vectors = n_big - sum(n * m for n, m in mats)
-        sent = (vectors, r * sum(n for n, _ in mats), r * sum(m for _, m in mats))
-        per = 1 if packed else buckets
-        compressed = [("all_reduce", 4 * numbers / per) for numbers in sent] * per
+        groups = [shapes] if packed else [[shapes[i] for i in bucket] for bucket in buckets]
+        compressed = [("all_reduce", 4 * numbers) for group in groups
+                      for numbers in powersgd_numbers(group, sp["rank"])]
     out, exposed = [], []
     for ops in run["ops"]:
         if not ops:
@@ -100,10 +122,18 @@ def at_size(run: dict, shapes: list, bucket_bytes: int = BUCKET_BYTES, packed: b
     return {**run, "ops": out, "params": n_big, "exposed": exposed}
 
 
+def first_steps(values: list, steps: float) -> float:
+    """The sum of ``values`` over the first ``steps`` steps (a fraction of the last one)."""
+    whole = min(int(steps), len(values))
+    if steps > len(values):
+        raise ValueError(f"{steps} steps asked of a run of {len(values)}")
+    return sum(values[:whole]) + (steps - whole) * (values[whole] if whole < len(values) else 0.0)
+
+
 def terms(run: dict, steps: float | None, scale: float = 1.0, overlap: bool = False) -> dict | None:
-    """{"steps": n, "messages": n M, "sent": n B, "per_step": [(M_s, B_s, hideable)], "overlap"}:
-    ``steps`` steps of ``run``'s average step (``per_step``: each step it ran, for the overlap;
-    a step ``run["exposed"]`` marks is never hidden)."""
+    """{"steps": n, "messages", "sent", "per_step": [(M_s, B_s, hideable)], "overlap"}: the
+    messages and bytes of ``run``'s first ``steps`` steps, each step with what it sent
+    (``per_step``: for the overlap; a step ``run["exposed"]`` marks is never hidden)."""
     if steps is None:
         return None
     per_step = []
@@ -114,9 +144,8 @@ def terms(run: dict, steps: float | None, scale: float = 1.0, overlap: bool = Fa
             m, b = links.collective_terms(kind, nbytes * scale, run["world"])
             messages, sent = messages + m, sent + b
         per_step.append((messages, sent, not shown))
-    n = len(per_step)
-    return {"steps": steps, "messages": steps * sum(m for m, _, _ in per_step) / n,
-            "sent": steps * sum(b for _, b, _ in per_step) / n, "per_step": per_step, "overlap": overlap}
+    return {"steps": steps, "messages": first_steps([m for m, _, _ in per_step], steps),
+            "sent": first_steps([b for _, b, _ in per_step], steps), "per_step": per_step, "overlap": overlap}
 
 
 def method_terms(run: dict, steps: float | None, shapes: list, packed: bool = True) -> dict | None:
@@ -164,7 +193,7 @@ def seconds(t: dict | None, link, compute_s: float) -> float | None:
         return t["steps"] * compute_s + t["messages"] * lk.alpha + t["sent"] / lk.beta
     hidden = BACKWARD_SHARE * compute_s
     shown = [max(0.0, m * lk.alpha + b / lk.beta - (hidden if hide else 0.0)) for m, b, hide in t["per_step"]]
-    return t["steps"] * (compute_s + sum(shown) / len(shown))
+    return t["steps"] * compute_s + first_steps(shown, t["steps"])
 
 
 def table(ts: dict, link_names, compute_s: float) -> dict:

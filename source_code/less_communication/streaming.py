@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from source_code.less_communication.local_sgd import average, outer_step
+from source_code.less_communication.local_sgd import apply_outer, average, pseudo_gradient
 
 PATTERNS = ("consecutive", "strided")
 
@@ -95,7 +95,9 @@ class StreamingDiLoCo:
         for f, offset in enumerate(self.offsets):
             if (step + 1 - offset) % self.every == 0 and step + 1 >= offset:
                 if self.delay is None:
-                    outer_step(self.global_params[f], self.frags[f], self.outers[f], self.average)
+                    delta = pseudo_gradient(self.global_params[f], self.frags[f])
+                    self.average([delta])
+                    apply_outer(self.global_params[f], self.frags[f], self.outers[f], delta)
                 else:
                     self.in_flight.append(self._start(f, step))
                 synced = True
@@ -108,8 +110,7 @@ class StreamingDiLoCo:
 
     @torch.no_grad()
     def _start(self, f: int, step: int):
-        deltas = [g - p for g, p in zip(self.global_params[f], self.frags[f])]
-        flat = torch.cat([d.reshape(-1) for d in deltas])      # the pseudo-gradient, flat
+        flat = pseudo_gradient(self.global_params[f], self.frags[f])
         return step + self.delay, f, flat, self.send(flat)     # the all-reduce is in flight
 
     @torch.no_grad()
@@ -122,14 +123,5 @@ class StreamingDiLoCo:
                 continue
             work.wait()
             flat /= dist.get_world_size()
-            offset = 0
-            for g in self.global_params[f]:
-                g.grad = flat[offset:offset + g.numel()].view_as(g)
-                offset += g.numel()
-            self.outers[f].step()
-            for p, g in zip(self.frags[f], self.global_params[f]):
-                if self.mix:                               # keep part of the tau steps' progress
-                    p.mul_(self.mix).add_(g, alpha=1 - self.mix)
-                else:
-                    p.copy_(g)                             # as the synchronous version does
+            apply_outer(self.global_params[f], self.frags[f], self.outers[f], flat, self.mix)
         self.in_flight = keep
