@@ -57,8 +57,9 @@ def record(units, device, phase: dict, model=None) -> list[dict]:
     post-accumulate hook registered after own_fsdp's (hooks run in that order) the end."""
     events = []
 
-    def stamp(kind, unit):
-        events.append({"kind": kind, "unit": unit.name, "phase": phase["now"], "t": clock(device)})
+    def stamp(kind, unit):                           # unit: a Unit, or a replicated parameter's name
+        name = unit if isinstance(unit, str) else unit.name
+        events.append({"kind": kind, "unit": name, "phase": phase["now"], "t": clock(device)})
 
     for u in units:
         def issue(u=u, inner=u.issue):
@@ -90,10 +91,10 @@ def record(units, device, phase: dict, model=None) -> list[dict]:
         u.module.register_forward_pre_hook(lambda m, a, u=u: stamp("compute", u))   # after unshard
         u.module.register_forward_hook(lambda m, a, o, u=u: stamp("done", u), prepend=True)
     shards = {id(u.shard) for u in units}
-    for p in (model.parameters() if model is not None else ()):
+    for name, p in (model.named_parameters() if model is not None else ()):
         if id(p) not in shards and p.requires_grad:
-            p.register_hook(lambda g: (stamp("all_reduce_start", units[0]), g)[1])
-            p.register_post_accumulate_grad_hook(lambda p: stamp("all_reduce_end", units[0]))
+            p.register_hook(lambda g, name=name: (stamp("all_reduce_start", name), g)[1])
+            p.register_post_accumulate_grad_hook(lambda p, name=name: stamp("all_reduce_end", name))
     return events
 
 
@@ -117,6 +118,8 @@ def intervals(events: list[dict], t0: float) -> dict:
     """{unit: {phase: {"gather" | "compute" | "reduce": (start, end), "wait": t}}}, t0 = 0."""
     at = {}
     for e in events:
+        if e["kind"].startswith("all_reduce"):       # a replicated parameter's: all_reduce_intervals
+            continue
         at.setdefault((e["unit"], e["phase"]), {}).setdefault(e["kind"], e["t"] - t0)
     out = {}
     for (unit, phase), k in at.items():
