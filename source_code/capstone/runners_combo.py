@@ -7,8 +7,8 @@
 * "PP x DP": two 2-stage 1F1B pipelines (own schedule), each on half the samples, each
   stage's gradients summed with its copy in the other pipeline.
 
-Each computes its loss on its own piece with the global count of loss.py (section 1 of
-notebook 19).
+Each computes its loss on its own piece divided by the valid targets of the whole step
+(loss.py, section 1 of notebook 19; DP x CP with notebook 13's own model_step.global_token_loss).
 """
 from __future__ import annotations
 
