@@ -182,8 +182,15 @@ def test_where_each_windows_seconds_went_on_made_up_logs():
     logs[0] = [dict(e, **timed.get(e["t"], {})) if e.get("event") == "step" else e for e in logs[0]]
     m = recovery.ft_metrics(logs, victim=1, batch_size=32)
     parts = recovery.ft_time_parts(m, logs, victim=1, until=7)       # the kill at 3.5 to step 7 at 9.0
-    assert parts == pytest.approx({recovery.DISCARDED: 0.1, recovery.QUORUM_ALONE: 1.25,
-                                   recovery.HEAL_WAITS: 0.4, recovery.STEPS: 5.5 - 0.1 - 1.25 - 0.4})
+    back = recovery.REJOIN
+    # made-up steps begin 0.5 s before their commit: the rest of each interval is between steps
+    # (after the discarded step at 3.6, lone steps at 5, 6, 7: 0.9, 0.5, 0.5; step 7 at 9.0: 1.5)
+    assert parts == pytest.approx({recovery.DISCARDED: 0.1, recovery.QUORUM_ALONE: 1.25, back["quorum"]: 0.1,
+                                   back["allreduce"]: 0.3, back["commit"]: 0.0, recovery.BETWEEN: 3.4,
+                                   recovery.IN_STEPS: 5.5 - 0.1 - 1.25 - 0.4 - 3.4})
+    pause = recovery.longest_pause(m, logs, victim=1, until=7)        # 7.0 -> 9.0, the heal step
+    assert (pause["step"], pause["seconds"], pause["between"], pause["allreduce"]) == pytest.approx((7, 2.0, 1.5, 0.3))
+    assert m["waits_per_step_s"] == {"quorum": 0.0, "commit": 0.0}    # none logged before the kill
     logs = _restart_logs()
     logs[1].insert(6, _ev(18.0, event="start", attempt=1))
     m = recovery.restart_metrics(logs, batch_size=32)

@@ -97,6 +97,7 @@ def compare(steps: int = 20, kill_at: int = 10, snapshot_every: int = 8, step_se
         run["window"] = recovery.window(run, kill_at, until, batch_size)
     # where each window's seconds went, measured in the runs' step logs
     ft["window"]["parts"] = recovery.ft_time_parts(ft, ft["events"], ft["victim"], until)
+    ft["window"]["pause"] = recovery.longest_pause(ft, ft["events"], ft["victim"], until)
     restart["window"]["parts"] = recovery.restart_time_parts(restart, restart["events"], until)
     after = max(run["window"]["seconds"] for run in (ft, restart))     # both back at full batch
     for run in (ft, restart):

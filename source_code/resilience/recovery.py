@@ -101,36 +101,56 @@ def window(run: dict, kill_step: int, until: int, batch_size: int) -> dict:
 
 
 DISCARDED, QUORUM_ALONE = "the step the kill landed in (discarded)", "quorum waits without the dead group"
-HEAL_WAITS, STEPS = "the heal step's waits (quorum, all-reduce, commit)", "steps (compute, evaluations, other waits)"
+REJOIN = {"quorum": "from the heal step on: quorum waits", "allreduce": "from the heal step on: all-reduce waits",
+          "commit": "from the heal step on: commit votes"}
+IN_STEPS, BETWEEN = "in the steps: compute, the other waits", "between the steps: evaluation, floor, log"
+
+
+def _survivor_steps(run: dict, events: dict, victim: int, until: int):
+    """The first survivor's steps from the kill to its commit of ``until``: (event, seconds since
+    the previous commit (or the kill), seconds before the step began, its timed waits)."""
+    survivor = min(r for r in events if r != victim)
+    end, previous = run["commits"][until], run["kill_t"]
+    for e in sorted(_steps(events[survivor]), key=lambda e: e["t"]):
+        if run["kill_t"] < e["t"] <= end:
+            waits = {name: e.get(f"{name}_s", 0.0) for name in REJOIN}
+            yield e, e["t"] - previous, max(0.0, e["begun"] - previous), waits
+            previous = e["t"]
 
 
 def ft_time_parts(run: dict, events: dict, victim: int, until: int) -> dict:
     """Where the first survivor's seconds from the kill to its commit of step ``until`` went,
     from its step log (each step's waits timed by ft_replica.time_waits). The parts add up to
     the window's seconds: the step the kill landed in (thrown away); the quorum waits before
-    the heal (a dead group's heartbeats must go stale); the heal step's quorum, all-reduce and
-    commit waits (the returning group's first step); the rest (computing steps, evaluations,
-    the other waits)."""
-    survivor = min(r for r in events if r != victim)
-    end, previous = run["commits"][until], run["kill_t"]
-    parts = dict.fromkeys((DISCARDED, QUORUM_ALONE, HEAL_WAITS, STEPS), 0.0)
-    for e in sorted(_steps(events[survivor]), key=lambda e: e["t"]):
-        if not run["kill_t"] < e["t"] <= end:
-            continue
-        seconds, previous = e["t"] - previous, e["t"]
+    the heal (a dead group's heartbeats must go stale); the quorum, all-reduce and commit waits
+    from the heal step on (the returning group's first steps); the rest of the steps; and the
+    time between steps (the harness's evaluation, the ``--step-seconds`` floor, the log)."""
+    parts = dict.fromkeys((DISCARDED, QUORUM_ALONE, *REJOIN.values(), IN_STEPS, BETWEEN), 0.0)
+    for e, seconds, between, waits in _survivor_steps(run, events, victim, until):
         if not e["committed"]:
             parts[DISCARDED] += seconds
             continue
-        if e["step"] == run["heal_step"]:
-            waited = e.get("quorum_s", 0.0) + e.get("allreduce_s", 0.0) + e.get("commit_s", 0.0)
-            parts[HEAL_WAITS] += waited
-        elif run["heal_step"] is None or e["step"] < run["heal_step"]:
-            waited = e.get("quorum_s", 0.0)
-            parts[QUORUM_ALONE] += waited
+        parts[BETWEEN] += between
+        if run["heal_step"] is not None and e["step"] >= run["heal_step"]:
+            for name, waited in waits.items():
+                parts[REJOIN[name]] += waited
+            parts[IN_STEPS] += seconds - between - sum(waits.values())
         else:
-            waited = 0.0
-        parts[STEPS] += seconds - waited
+            parts[QUORUM_ALONE] += waits["quorum"]
+            parts[IN_STEPS] += seconds - between - waits["quorum"]
     return parts
+
+
+def longest_pause(run: dict, events: dict, victim: int, until: int) -> dict:
+    """The survivor's longest time from one commit to the next after its first commit without
+    the dead group (the heartbeat wait excluded), up to ``until``, and where it went."""
+    after = [(e, seconds, between, waits) for e, seconds, between, waits in _survivor_steps(run, events, victim, until)
+             if e["committed"]][1:]
+    if not after:
+        return {}
+    e, seconds, between, waits = max(after, key=lambda x: x[1])
+    return {"step": e["step"], "seconds": seconds, "between": between, **waits,
+            "in_step": seconds - between - sum(waits.values())}
 
 
 def restart_time_parts(run: dict, events: dict, until: int) -> dict:
@@ -201,6 +221,10 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "samples_lost": sum(batch_size - trained.get(s, 0) for s in committed_steps),
             "seconds": last - t0, "commits": commits, "trained": trained,
             "step_seconds": _step_seconds(commits, kill["step"]),
+            # torchft's own waits on a step when nothing fails, timed in this run (median before the kill)
+            "waits_per_step_s": {name: _median([e.get(f"{name}_s", 0.0) for e in every
+                                                if e["committed"] and e["t"] <= kill["t"]])
+                                 for name in ("quorum", "commit")},
             "full_step": full[0] if full else None,          # back at full batch (every group)
             "final_step": max(e["step"] for e in ends) if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
