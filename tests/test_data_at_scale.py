@@ -203,7 +203,13 @@ def _off_by_one(n, consumed, batch, rank, world):          # the rest counted fr
     return rank_batches(n, consumed + 1, batch, rank, world)
 
 
+def _floor_plus_one(n, consumed, batch, rank, world):      # steps = (n - consumed) // batch + 1
+    got = rank_batches(n, consumed, batch, rank, world)
+    return got + [[PAD] * (batch // world)] * ((n - consumed) // batch + 1 - len(got))
+
+
 @pytest.mark.parametrize("fn,message", [
+    (_floor_plus_one, "trains no sample on any rank"),
     (_restart, "positions before the cursor come again"),
     (_no_padding, "different numbers of steps"),
     (_drop_the_last, "last, short global batch is left out"),
@@ -266,6 +272,41 @@ def test_a_global_batch_that_does_not_split_is_refused_before_any_work(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")        # as torchrun sets it, before any process group forms
     with pytest.raises(LaunchError, match="--global-batch 5 does not split over 2 processes; pick a multiple of 2"):
         train.main(["--global-batch", "5"])
+
+
+def test_the_requeue_drills_hold_needs_a_snapshot_to_resume_from():
+    with pytest.raises(LaunchError, match="--hold-after-steps needs --checkpoint and --resume"):
+        train.main(["--hold-after-steps", "3"])
+
+
+def test_a_requeued_run_does_not_hold_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    seen = {}
+    monkeypatch.setattr(train, "default_dirs", lambda args: seen.update(hold=args.hold_after_steps) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        train.main(["--hold-after-steps", "3", "--checkpoint", str(tmp_path / "s.pt"), "--resume"])
+    assert seen == {"hold": 0}
+
+
+# ------------------------------------------------------------------------- litdata (resharding)
+def test_without_litdata_the_notebook_prints_one_line(monkeypatch):
+    from source_code.data_at_scale import resharding
+    monkeypatch.setattr(resharding.importlib.util, "find_spec", lambda name: None)
+    note = resharding.missing_note()
+    assert note.startswith("note: litdata is not installed") and "\n" not in note
+
+
+def test_litdatas_resume_is_exact_with_the_global_batch_kept_and_rounds_down_when_it_grows():
+    pytest.importorskip("litdata")
+    from source_code.data_at_scale import resharding
+    cases = ((4, 3, "global batch kept"), (3, 4, "global batch kept"), (4, 2, "per-rank batch kept"),
+             (3, 4, "per-rank batch kept"))
+    rows = resharding.compare(500, 5, 24, cases=cases, per_chunk=64)
+    for row in rows[:2]:
+        assert row["repeated"] == 0 and row["same_as_without_stop"], row
+    for row in rows[2:]:   # the position rounded down to a multiple of the new global batch
+        assert row["repeated"] == row["stopped_at"] % row["batches"][1], row
+    assert rows[3]["repeated"] > 0 and rows[2]["repeated"] == 0      # stopped at 120: 120 % 32 = 24, 120 % 12 = 0
 
 
 @pytest.mark.parametrize("world", [1, 3, 4])

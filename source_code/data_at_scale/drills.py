@@ -187,7 +187,9 @@ def hang_at_the_end(reports: list[dict]) -> bool:
 
 
 def diagnose(reports: list[dict], timeout_s: float) -> list[str]:
-    """One line per rank, then the verdict, in the style of notebook 15's hang drill."""
+    """One line per rank, then the verdict, in the style of notebook 15's hang drill (the timeout:
+    the one the reports say their run had, else ``timeout_s``)."""
+    timeout_s = reports[0].get("timeout_s", timeout_s) if reports else timeout_s
     lines = [f"[rank {r['rank']}] {r['batches']} batches, {r['steps']} steps done, waiting in {r['where']}: "
              f"{r['error']}" for r in sorted(reports, key=lambda r: r["rank"]) if r["hang"]]
     early = sorted(r["rank"] for r in reports if r["hang"] and r["where"].startswith("the barrier"))

@@ -7,6 +7,7 @@ positions of the epoch's shuffled order (0..n-1), with ``PAD`` (-1) for an empty
 and accepts an answer when, on every configuration:
 * every rank makes the same number of steps, each step ``global_batch // world`` slots;
 * every position from ``consumed`` to ``n - 1`` is trained exactly once, none before ``consumed``;
+* no step is all PAD on every rank (a stop at the epoch's end leaves no step at all);
 * step s of the ranks together trains the global batch that a run that never stopped trains
   at that point of the epoch (a job stops between steps, so the cursor is a whole number of
   global batches), in whatever split among the ranks, with the pads in the last step only.
@@ -18,9 +19,9 @@ PAD = -1
 # (n, consumed, global batch, world), the cursor a whole number of global batches: a fresh
 # epoch on 8 ranks, an epoch that does not divide the batch, one global batch left with most
 # slots empty, a batch of one sample per rank, one rank, an odd world size with one sample
-# left, a stop right before the epoch's end
+# left, a stop right before the epoch's end, a stop at the epoch's very end (nothing left)
 CASES = [(1000, 0, 40, 8), (997, 324, 36, 6), (50, 48, 16, 4), (23, 8, 4, 4), (96, 24, 24, 1),
-         (7, 6, 6, 3), (1210, 1200, 48, 2)]
+         (7, 6, 6, 3), (1210, 1200, 48, 2), (48, 48, 16, 4)]
 
 
 def _run(fn, n, consumed, batch, world):
@@ -51,6 +52,9 @@ def problem(per_rank: list[list[list[int]]], n: int, consumed: int, batch: int, 
         return f"{len(left)} positions of the rest of the epoch are never trained"
     for s in range(steps.pop()):
         got = sorted(p for r in per_rank for p in r[s] if p != PAD)
+        if not got:
+            return (f"step {s} trains no sample on any rank (every slot PAD): a step costs a forward, a "
+                    "backward and an all-reduce; the rest of the epoch needs no more steps than its samples fill")
         want = list(range(consumed + s * batch, min(n, consumed + (s + 1) * batch)))
         if got != want:
             return (f"every sample once, but step {s} trains other positions than the global batch a run "

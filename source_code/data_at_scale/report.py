@@ -87,7 +87,8 @@ def staging_costs(prep: dict) -> list[dict]:
         shared_s = fsops.waiting(epoch["requests"], epoch["bytes"])        # beyond the reading's own CPU
         local_s = epoch["bytes"] / staging.LOCAL_READ_BYTES_S
         rows.append({"layout": layout, "files": copy["files"], "bytes": copy["bytes"],
-                     "copy_requests": ops.total, "epoch_requests": epoch["requests"], "copy_s": copy_s,
+                     "copy_requests": ops.total, "epoch_requests": epoch["requests"],
+                     "epoch_bytes": epoch["bytes"], "copy_s": copy_s,
                      "copy_cpu_s": cpu,
                      "shared_s": shared_s, "local_s": local_s,
                      "break_even": staging.break_even(copy_s, shared_s, local_s)})
@@ -116,11 +117,14 @@ def splits(n: int, shards: list[list[int]], world: int = WORLD, batch: int = LOC
 
 def hang_drill(prep: dict, timeout_s: float = 3.0) -> list[dict]:
     """Whole shards per rank under plain DDP, on WORLD ranks with a short collective timeout.
-    Run once more if the timeout struck before the shortest rank ran out (a rank descheduled
-    for longer than the timeout on a loaded machine): the drill is about the uneven shards."""
-    for _ in range(2):
-        reports = processes.spawn(drills.uneven, WORLD, prep["urls"], prep["shards"], LOCAL_BATCH, timeout_s,
-                                  device="cpu", collective_timeout_s=max(120.0, timeout_s))
+    Run once more, with a timeout four times as long, if the timeout struck before the shortest
+    rank ran out (a rank descheduled for longer than the timeout on a loaded machine): the drill
+    is about the uneven shards. Each report carries the timeout its run had (``timeout_s``)."""
+    for timeout in (timeout_s, 4 * timeout_s):
+        reports = processes.spawn(drills.uneven, WORLD, prep["urls"], prep["shards"], LOCAL_BATCH, timeout,
+                                  device="cpu", collective_timeout_s=max(120.0, timeout))
+        for r in reports:
+            r["timeout_s"] = timeout
         if drills.hang_at_the_end(reports):
             break
     return reports

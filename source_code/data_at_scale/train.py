@@ -5,6 +5,7 @@ every sample of every epoch trained exactly once (the Slurm job of notebook 20).
     torchrun --standalone --nproc-per-node=2 -m source_code.data_at_scale.train
     torchrun ... -m source_code.data_at_scale.train --shards DIR --stage-dir '/tmp/x-{node}' \\
         --checkpoint snap.pt --stop-after-steps 9              # then again with --resume on fewer ranks
+    torchrun ... --checkpoint snap.pt --resume --hold-after-steps 9   # the requeue drill (below)
 
 Each rank reads its node's staged copy of the shards (staging.py made it, one task per node;
 ``{node}`` in ``--stage-dir`` is the node's name) into memory by sample id, and trains the
@@ -12,6 +13,11 @@ global cursor's batches (loops.train_from_cursor): the global batch ``--global-b
 on any world size, each rank taking its slice. ``--stop-after-steps K`` stops after K steps
 with a snapshot holding the model, the optimizer and the cursor (as a job stopped by its time
 limit does, notebook 07); ``--resume`` continues from it on whatever world this launch has.
+``--hold-after-steps K`` is the requeue drill's (slurm/data_at_scale_requeue.slurm): on the
+job's first run only (SLURM_RESTART_COUNT 0) it saves the same snapshot after K steps, writes
+``<checkpoint>.held`` and then waits, doing nothing, until the job is killed; the requeued run
+(with ``--resume``) trains on from the snapshot. The kill so comes while the epoch is in progress
+on a machine of any speed: the job waits for the file, not for a length of training.
 Every step's ids go to ``--log-dir`` (one file per rank and launch); when the last epoch ends,
 rank 0 reads every launch's logs and counts, per epoch, the samples trained twice and never.
 Without ``--shards`` each node writes the shards of the sort task into a directory of its own.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +39,7 @@ from source_code.cli import Parser, nonnegative_int, positive_int, writable_path
 from source_code.distributed import print0, run_main, session
 from source_code.errors import LaunchError
 from source_code.data_at_scale import cursor as cur, formats, loops, model as mdl, staging
+from source_code.launch import faults
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.data_at_scale.train"
 
@@ -95,7 +103,7 @@ def run(me, args) -> dict:
     def on_step(ids):
         with log.open("a") as f:
             f.write(json.dumps({"epoch": cursor.epoch, "ids": [i for i in ids if i != cur.PAD]}) + "\n")
-    left = args.stop_after_steps or None
+    left = args.stop_after_steps or args.hold_after_steps or None
     while cursor.epoch < args.epochs and left != 0:
         epoch = cursor.epoch
         done = loops.train_from_cursor(model, opt, cursor, samples, me.rank, me.world_size, left,
@@ -110,6 +118,17 @@ def run(me, args) -> dict:
             "finished": cursor.epoch >= args.epochs, "n": cursor.n}
 
 
+def hold(me, args, r) -> None:
+    """The drill's first run: the snapshot and every log are written; say so, then wait to be killed."""
+    if me.rank == 0:
+        print(f"holding: world_size={me.world_size} after {r['end']['consumed']} of {r['n']} samples of "
+              f"epoch {r['end']['epoch'] + 1}, snapshot {args.checkpoint}; this run waits until the job "
+              "kills it", flush=True)
+        Path(args.checkpoint + ".held").write_text(json.dumps(r["end"]) + "\n")
+    while True:
+        time.sleep(1)
+
+
 def main(argv=None):
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", help="the shards on the shared file system (default: written per node)")
@@ -117,6 +136,8 @@ def main(argv=None):
     p.add_argument("--checkpoint", type=writable_path, default="", help="snapshot path (shared storage)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--stop-after-steps", type=nonnegative_int, default=0, help="stop with a snapshot (0: never)")
+    p.add_argument("--hold-after-steps", type=nonnegative_int, default=0,
+                   help="first run of a job only: snapshot after this many steps, then wait to be killed")
     p.add_argument("--epochs", type=positive_int, default=1)
     p.add_argument("--global-batch", type=positive_int, default=48, help="kept on every world size")
     p.add_argument("--log-dir", help="step logs (shared storage; default beside the shards)")
@@ -129,6 +150,11 @@ def main(argv=None):
     if args.global_batch % world:
         raise LaunchError(f"error: --global-batch {args.global_batch} does not split over {world} processes; "
                           f"pick a multiple of {world}")
+    if args.hold_after_steps and not (args.checkpoint and args.resume):
+        raise LaunchError("error: --hold-after-steps needs --checkpoint and --resume: the requeued run "
+                          "resumes from the snapshot it leaves")
+    if not faults.first_attempt():
+        args.hold_after_steps = 0                  # the requeued run trains on to the end
     default_dirs(args)
     code = 0
     with session(launch_hint=LAUNCH, allow_single=True) as me:
@@ -139,6 +165,8 @@ def main(argv=None):
         dist.barrier()
         r = run(me, args)
         dist.barrier()                             # every rank's log is complete
+        if args.hold_after_steps and not r["finished"]:
+            hold(me, args, r)
         if r["finished"] and me.rank == 0:
             h = history(args.log_dir)
             counts = [(len(ids) - len(set(ids)), r["n"] - len(set(ids))) for ids in h["epochs"].values()]
