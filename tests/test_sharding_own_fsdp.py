@@ -88,6 +88,12 @@ def test_sizes_that_do_not_divide_three_ranks():
     assert res["parity"]["own_fsdp_bf16_vs_fully_shard_bf16"]["max_ulps"] <= 4, res["parity"]
     assert res["units"] == ["tok", "pos", "layers.0", "layers.1", "head"]
     assert all(".norm" in n or n.startswith("norm") for n in res["replicated"]), res["replicated"]
+    # fully_shard's backward peak, counted at each group's post-backward: block 0 and the root group
+    # full there (the root gathered again for the backward; the storages hold the padded rows, the
+    # forward's count the parameters' elements), the root last
+    fsdp2 = res["bytes"]["fully_shard"]
+    assert fsdp2["at_units"]["layers.0"]["full_params"] >= fsdp2["gathered"], fsdp2["at_units"]
+    assert list(fsdp2["at_units"]) == ["layers.1", "layers.0", "root"], list(fsdp2["at_units"])
 
 
 @pytest.mark.parametrize("argv,says", [

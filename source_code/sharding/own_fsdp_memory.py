@@ -17,7 +17,8 @@ Counted with measure.tensor_bytes (distinct storages; a freed full buffer counts
   any other parameter's is, and once the backward has returned. ``parts`` splits the peak
   into "state" (parameters, gradients, optimizer), "full_params", "full_grads", "in_flight".
   DDP's own gradient buckets (another copy of the gradients inside its reducer) are not
-  counted: its peak is higher than the count. Activations are not counted on either side, nor
+  counted: its peak is higher than the count. ``FSDP2BackwardPeak`` counts ``fully_shard``'s the
+  same way, as each of its groups' post-backward starts, from FSDP2's own objects. Activations are not counted on either side, nor
   what an operator holds while it runs (own_fsdp.Unit makes the views with one torch.split, so
   its backward concatenates the views' gradients into the one full gradient).
 """
@@ -106,3 +107,67 @@ def padding(cfg: dict, world: int) -> dict:
         flat += -(-n // world) * world - n
         dim0 += sum((-(-p.shape[0] // world) * world - p.shape[0]) * (p.numel() // p.shape[0]) for p in params)
     return {"flat_per_unit": flat, "dim0_per_parameter": dim0}
+
+
+def fsdp2_groups(model) -> list:
+    """FSDP2's parameter groups of ``model`` (one per ``fully_shard`` call), with their names."""
+    found = []
+    for name, module in model.named_modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+        found += [(name or "root", g) for g in groups if g is not None]
+    return found
+
+
+class FSDP2BackwardPeak(BackwardPeak):
+    """BackwardPeak for ``fully_shard``: counted as each group's post-backward starts (its
+    unsharded gradients complete, its reduce-scatter not yet issued), from FSDP2's own objects
+    (torch 2.14's ``_fsdp_param.py`` / ``_fsdp_param_group.py``): "state" the sharded parameters,
+    their gradients and the optimizer state; "full_params" every group's unsharded parameters
+    (0 bytes when resharded) and the all-gather outputs not yet copied out (a prefetched group's,
+    the one FSDP2 keeps until the next copy-out); "full_grads" their unsharded gradients; "in_flight" the
+    reduce-scatter inputs FSDP2 still holds (``reduce_scatter_states``)."""
+
+    def __init__(self, model, opt):
+        super().__init__(model, opt, model)
+        self.groups = fsdp2_groups(model)
+
+    def count(self, unit_name: str | None = None) -> None:
+        fsdp_params = [p for _, g in self.groups for p in g.fsdp_params]
+        sharded = [p.sharded_param for p in fsdp_params]
+        full = [t for p in fsdp_params for t in [getattr(p, "_unsharded_param", None),
+                                                  *getattr(p, "all_gather_outputs", [])]]
+        gathering = [getattr(g, "_all_gather_result", None) for _, g in self.groups]   # prefetched, not copied out
+        gathering += [getattr(getattr(g.comm_ctx, "all_gather_state", None), "all_gather_result", None)
+                      for _, g in self.groups if hasattr(g, "comm_ctx")]
+        full += [getattr(r, "all_gather_output", None) for r in gathering if r is not None]
+        full_grads = [getattr(p, "_unsharded_param", None) for p in fsdp_params]
+        comm = {id(g.comm_ctx): g.comm_ctx for _, g in self.groups if hasattr(g, "comm_ctx")}
+        states = [s for c in comm.values() for s in (getattr(c, "reduce_scatter_states", None)
+                                                      or [getattr(c, "reduce_scatter_state", None)])]
+        groups = {"state": sharded + [p.grad for p in sharded] + optimizer_tensors(self.opt),
+                  "full_params": full,
+                  "full_grads": [p.grad for p in full_grads if p is not None],
+                  "in_flight": [getattr(s, "reduce_scatter_input", None) for s in states if s is not None]}
+        parts, counted = {}, []
+        for name, tensors in groups.items():
+            parts[name] = tensor_bytes(tensors, exclude=counted)
+            counted += [t for t in tensors if t is not None]
+        if unit_name is not None:
+            self.at_units[unit_name] = parts
+        if sum(parts.values()) > self.peak:
+            self.peak, self.parts = sum(parts.values()), parts
+
+    def __enter__(self):
+        for name, g in self.groups:
+            def post_backward(*args, name=name, inner=g.post_backward):
+                self.count(name)
+                return inner(*args)
+            g.post_backward = post_backward
+        return self
+
+    def __exit__(self, *exc):
+        self.count()
+        for _, g in self.groups:
+            del g.post_backward              # the class's method again
+        return False

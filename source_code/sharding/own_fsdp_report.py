@@ -23,7 +23,7 @@ same code must land within --tol of the fp64 reference: that is the check. Print
                                                      prefetch_backward_peak_ratio=KP
 
 Bytes (own_fsdp_memory.py), per rank, counted from storages: resident, what block 0's forward
-gathers on top (peak = resident + gathered), and the backward peak (own FSDP and DDP).
+gathers on top (peak = resident + gathered), and the backward peak (own FSDP, fully_shard, DDP).
 R = own FSDP's resident / DDP's, K = own FSDP's backward peak / DDP's, KP the same with
 prefetch (own_fsdp_prefetch.py, counted in the timeline run: a second unit full). The collectives of the
 counted step (measure.CommCounter) go to the JSON as "comm": {impl: {kind: payload bytes}}: bf16
@@ -47,14 +47,14 @@ from source_code.measure import CommCounter
 from source_code.sharding import own_fsdp, own_fsdp_mixed, own_fsdp_predict
 from source_code.sharding import own_fsdp_timeline as timeline
 from source_code.sharding.fsdp import MixedPrecisionPolicy, build_sharded, shard_model, unsharded_parameter_bytes
-from source_code.sharding.own_fsdp_memory import BackwardPeak, measure_bytes
+from source_code.sharding.own_fsdp_memory import BackwardPeak, FSDP2BackwardPeak, measure_bytes
 from source_code.sharding.parity import full_weights, train
 from source_code.sharding.zero import ZeroAdamW
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.sharding.own_fsdp_report"
 IMPLS = ("ddp", "zero1", "zero2", "own_fsdp", "fully_shard", "own_fsdp_bf16", "fully_shard_bf16",
          "own_fsdp_fp64", "fully_shard_fp64")
-PEAKS = ("ddp", "own_fsdp", "own_fsdp_bf16")          # whose backward peak the count sees whole
+PEAKS = ("ddp", "own_fsdp", "own_fsdp_bf16", "fully_shard", "fully_shard_bf16")   # backward peak counted
 WIDE = workload.model_config(dim=4096, n_layers=2, n_heads=32, vocab_size=32000, max_len=4096)
 # bf16 mixed precision: FSDP2's policy, and own_fsdp_mixed.py doing the same by hand
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
@@ -110,7 +110,8 @@ def max_ulps(a: dict, b: dict) -> float:
 def counted_step(impl, model, opt, inner, batch, ctx) -> tuple[dict, dict]:
     """One more backward + step after training, so the gradients exist when counted: the
     collectives of that step by kind, and (PEAKS) its backward peak with its parts."""
-    counter, peak = CommCounter(ctx.world_size), BackwardPeak(model, opt, inner)
+    peak = FSDP2BackwardPeak(inner, opt) if impl.startswith("fully_shard") else BackwardPeak(model, opt, inner)
+    counter = CommCounter(ctx.world_size)
     with counter:
         with peak if impl in PEAKS else contextlib.nullcontext():
             workload.loss_fn(model, *(t.to(ctx.device) for t in batch)).backward()
