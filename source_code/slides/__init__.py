@@ -1,5 +1,6 @@
 """Every notebook is also a slide deck: slide boundaries in the cells' `metadata.slideshow`.
 
+    python -m source_code.slides.fit notebooks/05_ddp.ipynb ...      # fit the slides (fit.py), then mark
     python -m source_code.slides --mark notebooks/05_ddp.ipynb ...   # write the rule's slide types
     python -m source_code.slides --check                             # stale or missing ones? (exit 1)
     python -m source_code.slides --export slides                     # slides/NN_name.slides.html
@@ -12,4 +13,8 @@ Static: `--export` writes one reveal.js deck per notebook for presenting from a 
 files it needs come from the installed jupyterlab-rise, nothing is fetched.
 Where the boundaries go is one rule (rules.py), applied by `--mark` and idempotent; `--check`
 (run by tests/test_slides.py) names the notebooks whose stored types the rule would change.
+What makes a screen fit is fit.py: one heading a cell, long prose in the speaker notes (RISE's
+`notes`) behind a slide-sized summary (summary.py), the sections marked core or optional for
+source_code/course_plan.py. Speaker notes (S in the deck, or RISE's speaker view): those notes,
+and on the title slide of each exported deck the notebook's section of INSTRUCTOR_NOTES.md.
 """

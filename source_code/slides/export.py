@@ -3,6 +3,9 @@
 One deck per notebook (`NN_name.slides.html`) and reveal.js beside them (`reveal/`, from
 jupyterlab-rise: reveal_assets.py); the notebooks are not executed, the decks show their stored
 outputs and figures. Open a deck in any browser, from the disk (file://) or a web server.
+Speaker notes (press S): the prose that fit.py moved off the slides (the `notes` cells), and on
+the title slide the notebook's section of notebooks/INSTRUCTOR_NOTES.md (questions, the
+exercise's mistakes, what to run live), read from that page at export time: one copy of it.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 from source_code.slides import reveal_assets, rules
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "template"
+INSTRUCTOR_NOTES = Path(__file__).resolve().parents[2] / "notebooks" / "INSTRUCTOR_NOTES.md"
 TEMPLATE = "workshop_reveal"
 ASSETS = "reveal"     # the folder next to the decks that holds reveal.js
 
@@ -39,10 +43,35 @@ def export(notebooks: list[Path], out: Path) -> list[tuple[Path, int, int]]:
     for path in notebooks:
         nb = nbformat.read(str(path), as_version=4)
         html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": Path(path).stem}})
+        html = with_speaker_notes(html, instructor_notes(path))
         deck = out / deck_name(path)
         deck.write_text(html, encoding="utf-8")
         decks.append((deck, *sections(html)))
     return decks
+
+
+def instructor_notes(notebook: Path, page: Path | None = None) -> str:
+    """The notebook's section of the instructor's notes (titled as its first heading), Markdown;
+    empty when the page has none."""
+    page = Path(page or INSTRUCTOR_NOTES)
+    if not page.is_file():
+        return ""
+    title = rules.source(rules.read(notebook)["cells"][0]).splitlines()[0].lstrip("#").strip()
+    parts = re.split(r"^## (.+)$", page.read_text(encoding="utf-8"), flags=re.M)
+    return next((parts[i + 1].strip() for i in range(1, len(parts), 2) if parts[i].strip() == title), "")
+
+
+def with_speaker_notes(html: str, notes_md: str) -> str:
+    """The deck with `notes_md` as the speaker notes of its title slide (its first screen)."""
+    if not notes_md:
+        return html
+    from nbconvert.filters.markdown import markdown2html
+    start = html.index('<div class="slides">')
+    first = SECTION.search(html, start)               # the first slide
+    inner = SECTION.search(html, first.end())         # its first screen
+    at = html.index("</section>", inner.end())
+    aside = f'<aside class="notes">\n{markdown2html(notes_md)}\n</aside>\n'
+    return html[:at] + aside + html[at:]
 
 
 SECTION = re.compile(r"<section\b[^>]*>|</section>")

@@ -23,6 +23,7 @@ WANTED = {
     "dist/reveal.js": "node_modules/reveal.js/dist/reveal.esm.js",
     "dist/reveal.css": "node_modules/reveal.js/dist/reveal.css",
     "dist/theme/white.css": "node_modules/reveal.js/dist/theme/white.css",
+    "plugin/notes/notes.js": "node_modules/reveal.js/plugin/notes/notes.esm.js",
 }
 
 
@@ -52,13 +53,24 @@ def _classic_script(esm: str) -> str:
     return "(function () {\n" + body + "\n})();\n"
 
 
+def _classic_plugin(esm: str, name: str) -> str:
+    """A plugin module (`export default () => {...}`, no import) as a classic script that sets
+    window.<name>: the speaker view (press S) opens a window of its own, nothing fetched."""
+    body, n = re.subn(r"export default\s*", f"window.{name} = ", esm, count=1)
+    if n != 1 or re.search(r"^\s*(import|export)\b", body, re.M):
+        raise LaunchError(f"error: this jupyterlab-rise's reveal.js notes plugin is not the module the decks "
+                          f"expect; install the version in requirements.txt: {INSTALL}")
+    body = re.sub(r"//# sourceMappingURL=\S+\s*$", "", body)
+    return "(function () {\n" + body + "\n})();\n"
+
+
 def sources() -> dict[str, str]:
     """{file the decks load: its text}, read from jupyterlab-rise's source maps."""
     found: dict[str, str] = {}
     wanted = {origin: name for name, origin in WANTED.items()}
     for path in sorted(rise_static().glob("*.js.map")):
         raw = path.read_bytes()
-        if b"node_modules/reveal.js/dist/" not in raw:
+        if b"node_modules/reveal.js/" not in raw:
             continue
         smap = json.loads(raw)
         for src, text in zip(smap.get("sources", []), smap.get("sourcesContent") or []):
@@ -71,7 +83,8 @@ def sources() -> dict[str, str]:
     if missing:
         raise LaunchError(f"error: jupyterlab-rise's files lack reveal.js's {', '.join(missing)}; "
                           f"install the version in requirements.txt: {INSTALL}")
-    out = {"dist/reveal.js": _classic_script(found["dist/reveal.js"])}
+    out = {"dist/reveal.js": _classic_script(found["dist/reveal.js"]),
+           "plugin/notes/notes.js": _classic_plugin(found["plugin/notes/notes.js"], "RevealNotes")}
     for name in ("dist/reveal.css", "dist/theme/white.css"):
         css = _original_css(found[name])
         out[name] = re.sub(r"@import url\(\./fonts/[^)]*\);\s*", "", css)

@@ -8,6 +8,9 @@ one column). The setup cell after the title (imports and helpers) and the collap
 runs a reference solution are skipped: bookkeeping, and a solution is never on a slide. Every
 other cell continues the slide it is on ("-": no fragments, one keystroke per slide).
 
+Prose that fit.py moved behind a slide-sized summary (the cell after a summary cell, taller
+than PROSE_LINES) is the speaker's `notes`: it takes no room on the slide.
+
 The rule reads only the sources, the collapsed flags and whether a cell draws a figure or
 prints at all, never the printed text itself: re-running a notebook changes no boundary.
 """
@@ -17,12 +20,14 @@ import json
 import re
 from pathlib import Path
 
-SLIDE, SUBSLIDE, CONTINUE, SKIP = "slide", "subslide", "-", "skip"
+SLIDE, SUBSLIDE, CONTINUE, SKIP, NOTES = "slide", "subslide", "-", "skip", "notes"
 # what fits on one reveal.js slide of the export (960 x 700 at the template's 20 px type)
 SCREEN_LINES = 26
 FIGURE_LINES = 16     # a figure's height, in lines of text
 PRINTED_LINES = 4     # a cell's printed lines, whatever they say (see the docstring)
 WRAP = 100            # characters of markdown on one line of a slide
+PROSE_LINES = 10      # prose taller than this goes to the speaker notes, behind a summary (fit.py)
+KEY = "workshop"      # cell metadata of the course tools: {"summary": true} on a slide's summary
 
 HEADING = re.compile(r"(#{1,6}) ")
 
@@ -53,11 +58,25 @@ def draws_figure(cell: dict) -> int:
                if {"image/png", "image/svg+xml", "image/jpeg"} & set(o.get("data", {})))
 
 
+def prose_height(text: str) -> int:
+    return sum(1 + len(line) // WRAP for line in (text.splitlines() or [""]))
+
+
+def is_summary(cell: dict) -> bool:
+    return cell["cell_type"] == "markdown" and bool(cell["metadata"].get(KEY, {}).get("summary"))
+
+
+def is_long_prose(cell: dict) -> bool:
+    """Prose too tall for a slide beside anything else (fit.py puts it into the notes)."""
+    return (cell["cell_type"] == "markdown" and not is_summary(cell) and heading_level(cell) == 0
+            and prose_height(source(cell)) > PROSE_LINES)
+
+
 def height(cell: dict) -> int:
     """A cell's height on a slide, in lines of text (an estimate from what the rule may read)."""
     lines = source(cell).splitlines() or [""]
     if cell["cell_type"] == "markdown":
-        return sum(1 + len(line) // WRAP for line in lines)
+        return prose_height(source(cell))
     figures = draws_figure(cell)
     prints = any(o.get("output_type") in ("stream", "execute_result", "error")
                  or "text/plain" in o.get("data", {}) and not figures for o in cell.get("outputs", []))
@@ -78,6 +97,9 @@ def slide_types(cells: list[dict]) -> list[str]:
         if cell["cell_type"] == "code" and (is_collapsed(cell) or in_title):
             types.append(SKIP)
             continue
+        if i and is_long_prose(cell) and is_summary(cells[i - 1]):
+            types.append(NOTES)   # the prose, behind its summary: the speaker's notes
+            continue
         h = height(cell)
         nxt = next((c for c in cells[i + 1:] if not is_collapsed(c)), None)
         introduces_exercise = (is_exercise(cell) and prev_code) or (
@@ -90,14 +112,40 @@ def slide_types(cells: list[dict]) -> list[str]:
         elif introduces_exercise:
             kind = SUBSLIDE if "exercise" in section.lower() else SLIDE
             section = section if kind == SUBSLIDE else "exercise"
-        elif tall and tall + h > SCREEN_LINES and (cell["cell_type"] == "markdown" or prev_code):
-            kind = SUBSLIDE   # a new screen, at a markdown cell or between two code cells
+        elif tall and tall + h > SCREEN_LINES:
+            kind = SUBSLIDE   # a new screen
         else:
             kind = CONTINUE
         tall = h if kind in (SLIDE, SUBSLIDE) else tall + h
         prev_code = cell["cell_type"] == "code"
         types.append(kind)
     return types
+
+
+def screens(cells: list[dict]) -> list[tuple[list[int], int]]:
+    """(the cells shown, height in lines) of every screen, read from the stored slide types
+    (skipped cells and notes take no room)."""
+    out: list[tuple[list[int], int]] = []
+    for i, (cell, kind) in enumerate(zip(cells, stored_types(cells))):
+        if kind in (SKIP, NOTES):
+            continue
+        if kind in (SLIDE, SUBSLIDE) or not out:
+            out.append(([], 0))
+        out[-1][0].append(i)
+        out[-1] = (out[-1][0], out[-1][1] + height(cell))
+    return out
+
+
+def overflowing(cells: list[dict]) -> list[tuple[int, int]]:
+    """(first cell, height) of every screen taller than SCREEN_LINES that a boundary could cut:
+    one that shows more than one cell. A single cell taller than a screen (a code cell with its
+    figure, shown whole: the deck scrolls it) is counted by tall_cells."""
+    return [(shown[0], h) for shown, h in screens(cells) if h > SCREEN_LINES and len(shown) > 1]
+
+
+def tall_cells(cells: list[dict]) -> list[tuple[int, int]]:
+    """(cell, height) of every cell shown alone on a screen because it is taller than one."""
+    return [(shown[0], h) for shown, h in screens(cells) if h > SCREEN_LINES and len(shown) == 1]
 
 
 def stored_types(cells: list[dict]) -> list[str | None]:
