@@ -1,9 +1,10 @@
 """bubble.py without processes: the holds of its three runs, its flag checks, and its table on
 timelines the simulator made.
 
-The measurement itself (torchrun, three runs x 2 schedules x m = 1, 2, 4, 8, 64 layers, about
-40 s) runs once, in notebook 10 under nbval, whose cells assert what a test here would: every
-held bubble within 0.08 of (p - 1) / (m + p - 1) and shrinking as m grows, the same hold on
+The measurement itself (torchrun, three runs x 2 schedules x m = 1, 2, 4, 8, 32 layers, about
+20 s) runs once, in notebook 10 under nbval, whose cells assert what a test here would: every
+held bubble (each m's least disturbed step) within 0.08 of (p - 1) / (m + p - 1) and shrinking
+as m grows, the same hold on
 every stage, the simulator's prediction at or above the formula, the slow run above the
 formula and within 0.06 of the simulator's bubble with its own per-stage costs, each beside what
 operations running past their hold added (the replay's count), and every measured step's bubble
