@@ -2,9 +2,9 @@
 
 The same model, seed and SGD for 2 epochs on 2 processes: Lightning's fully_shard (through
 ModelParallelStrategy) and DeepSpeed ZeRO-1 take the plain script's batches, so their weights
-must equal its weights up to rounding. Notebook 16 (run by nbval in the same suite) launches
+must equal its weights up to rounding. Notebook 16 (run by nbval in the same suite) runs
 Lightning DDP, Accelerate with and without the plain script's loader and DeepSpeed ZeRO-2 and
-ZeRO-3 against the plain script and asserts the same equalities and accuracies, and springs
+ZeRO-3 against the plain script, in one launch (frameworks/side_by_side.py), and asserts the same equalities and accuracies, and springs
 Accelerate's world-size trap (exit 2, one error line naming the fix, no traceback from the
 script): they are not launched a second time here. Every launch exits 0.
 """
@@ -152,3 +152,34 @@ def test_lightning_reads_a_slurm_step_without_torchrun(root):
     assert "world_size=2 (1 node(s) x 2), launched by srun" in outs[0]
     summary = parse_summary(outs[0])
     assert (summary["world_size"], summary["steps"]) == (2, 3) and "terminate called" not in outs[0]
+
+
+def test_one_launch_output_splits_into_one_result_per_run():
+    """side_by_side prints ``run: LABEL`` before each run and ``run_seconds`` after it (rank 0);
+    the other rank's lines may come anywhere and are kept with the run they fall in."""
+    from source_code.frameworks import side_by_side
+    out = ("torchrun banner\nrun: plain DDP\nepoch   1/1  loss 2.0  held-out accuracy 0.5  steps 23  1.0s\n"
+           "summary: world_size=2 epochs=1 accuracy=0.5000 seconds=1.0 losses=[2.0]\nrun_seconds: 3.50\n"
+           "run: Lightning\nsome warning from rank 1\n"
+           "summary: world_size=2 epochs=1 accuracy=0.5100 seconds=0.9 steps=23 loss=1.9000\nrun_seconds: 4.25\n"
+           "summary: runs=2 seconds=8.0\n")
+    runs = compare.split_runs(out)
+    assert list(runs) == ["plain DDP", "Lightning"]
+    assert runs["plain DDP"]["accuracy"] == 0.5 and runs["plain DDP"]["wall_s"] == 3.5
+    assert compare.steps_of(runs["plain DDP"]) == 23 and compare.steps_of(runs["Lightning"]) == 23
+    assert "rank 1" in runs["Lightning"]["output"] and runs["Lightning"]["wall_s"] == 4.25
+    assert runs["Lightning"]["accuracy"] == 0.51 and "runs=" not in runs["Lightning"]["output"]
+    labels = [label for label, _, _ in side_by_side.RUNS]
+    assert labels[0] == "plain DDP" and labels[-1] == "plain DDP again" and len(set(labels)) == len(labels)
+    assert {m for _, m, _ in side_by_side.RUNS} == set(compare.SCRIPTS.values())   # every script runs
+    assert len({side_by_side.weights_path("d", label) for label in labels}) == len(labels)
+
+
+def test_one_launch_refuses_a_missing_out_dir_and_a_start_without_torchrun(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    from source_code.errors import LaunchError
+    from source_code.frameworks import side_by_side
+    with pytest.raises(LaunchError, match="no such directory"):
+        side_by_side.main(["--out-dir", str(tmp_path / "missing")])
+    with pytest.raises(LaunchError, match="start it with torchrun"):   # before importing any framework
+        side_by_side.main([])

@@ -2,6 +2,9 @@
 
     python -m source_code.frameworks.compare                 # one interleaved round, the table
 
+``split_runs`` reads the output of ``side_by_side`` (every script in turn in one launch, the
+notebook's run) back into one result per run.
+
 Every script is started the way users start it (torchrun, 2 processes) and its ``summary:``
 line is parsed. ``weights_diff`` compares the weights two runs saved: with the same seed, the
 same batches and SGD, Lightning and DeepSpeed ZeRO repeat the plain script's steps, so the
@@ -53,6 +56,29 @@ def run(name: str, *args, nproc: int = 2, env: dict | None = None) -> dict:
     out = loop.parse_summary(res.stdout)
     out.update(name=name, wall_s=time.perf_counter() - start, output=res.stdout)
     return out
+
+
+def split_runs(output: str) -> dict:
+    """The output of one ``side_by_side`` launch, cut at rank 0's ``run: LABEL`` and
+    ``run_seconds: S`` lines: {label:
+    the run's summary values, its ``output`` and its ``wall_s`` (the run's own seconds)}."""
+    parts, label = {}, None
+    for line in output.splitlines(keepends=True):
+        if line.startswith("run: "):
+            label = line[5:].strip()
+            parts[label] = []
+        elif label is not None:
+            parts[label].append(line)
+            if line.startswith("run_seconds: "):
+                label = None          # the run is over: what follows belongs to no run
+    runs = {}
+    for label, lines in parts.items():
+        text = "".join(lines)
+        out = loop.parse_summary(text)
+        seconds = [ln.split()[1] for ln in lines if ln.startswith("run_seconds: ")]
+        out.update(name=label, output=text, wall_s=float(seconds[-1]) if seconds else float("nan"))
+        runs[label] = out
+    return runs
 
 
 def interleaved(names, args=(), rounds: int = 1, extra: dict | None = None) -> list[dict]:
