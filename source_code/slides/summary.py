@@ -3,13 +3,15 @@
 The prose itself stays in the notebook (as the slide's speaker notes, fit.py); the summary is
 what the room reads while the instructor talks it through. It keeps the markup whole (a
 sentence is cut only where its backticks, dollars and asterisks are balanced) and holds at most
-MAX_LINES lines of a slide, BULLET_CHARS characters a bullet.
+MAX_LINES lines of a slide, BULLET_CHARS characters a bullet; a table of the prose that fits
+(TABLE_LINES more) comes along whole: a table is what a slide shows best.
 """
 from __future__ import annotations
 
 import re
 
 MAX_LINES = 7
+TABLE_LINES = 6       # a small table may take this many lines more
 BULLET_CHARS = 180
 LEAD = "**In brief**"
 # a sentence ends at . ! or ? before a space and a capital, a backtick, a quote or a bracket,
@@ -56,13 +58,19 @@ def lead_sentence(block: str) -> str:
     flat = " ".join(ITEM.sub("", block, count=1).split())
     m = END.search(flat)
     sentence = flat[:m.end()] if m and _balanced(flat[:m.end()]) else flat
-    return sentence.rstrip(":") + ("" if sentence.rstrip().endswith((".", "!", "?", ":")) else "")
+    return sentence     # a lead that ends in a colon keeps it: the bullets after it are its list
 
 
 def summary(text: str) -> str:
     """The summary of `text` (Markdown), at most MAX_LINES lines."""
     bullets, lines = [], 1
     for block in _blocks(text):
+        if block.lstrip().startswith("|"):     # a table that fits stays whole: it is the slide's content
+            need = 1 + sum(1 + len(row) // 100 for row in block.splitlines())
+            if lines + need <= MAX_LINES + TABLE_LINES:
+                bullets.append("\n" + block + "\n")
+                lines += need
+            continue
         if SKIPPED.match(block):
             continue
         bullet = _shorten(lead_sentence(block), BULLET_CHARS)
@@ -73,4 +81,5 @@ def summary(text: str) -> str:
             break
         bullets.append(f"- {bullet}")
         lines += need
-    return "\n".join([LEAD, "", *bullets]) if bullets else LEAD + "\n\n- (see the notes)"
+    return ("\n".join([LEAD, "", *bullets]).strip("\n").replace("\n\n\n", "\n\n") if bullets
+            else LEAD + "\n\n- (see the notes)")
