@@ -1,8 +1,8 @@
 """Sharded checkpoints: exact resume, resharding 2 -> 4 -> 1, a kill during a DCP save, one-line errors.
 
-The training and loading runs are train.py's and dcp_demo.py's own code (the flags parsed and
-checked as main() does, then ``train.train`` / ``dcp_demo.run``) in groups of processes forked
-by processes.spawn, several runs in one group; only what is about the launch (a kill of
+The training and loading runs are train.py's and dcp_demo.py's own code (notebook_runs.train_run
+and dcp_load: the flags parsed and checked as main() does, then ``train.train`` / ``dcp_demo.run``)
+in groups of processes forked by processes.spawn, several runs in one group; only what is about the launch (a kill of
 torchrun's ranks mid-save, an error printed once by a torchrun job) starts torchrun.
 """
 import os
@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from source_code.distributed import context, seed_everything
+from source_code.distributed import context
 from source_code.errors import run_main
 from source_code.processes import spawn
-from source_code.sharding import checkpointing, dcp_demo, train
-from source_code.sharding.notebook_runs import printed
+from source_code.sharding import train
+from source_code.sharding.notebook_runs import dcp_load as _load, train_run
 from source_code.training.loop import parse_summary
 
 TRAIN = "source_code.sharding.train"
@@ -29,17 +29,7 @@ ARGS = ["--max-steps", "2"]
 
 
 def _train(*argv) -> str:
-    """On every rank of the group: what train.main() does inside its session; rank 0's lines."""
-    args = train.parse_args([str(a) for a in argv])
-    train_set, test_set, cfg = train.check(args)
-    seed_everything(args.seed, context().rank)                 # as session(seed=...) does
-    return printed(train.train, context(), args, train_set, test_set, cfg, show=False)[1]
-
-
-def _load(checkpoint, full="") -> str:
-    """dcp_demo.main()'s work in this group: the newest checkpoint loaded and compared."""
-    args = dcp_demo.argparse.Namespace(checkpoint=str(checkpoint), full=str(full))
-    return printed(dcp_demo.run, context(), args, checkpointing.read_progress(checkpoint), show=False)[1]
+    return train_run(list(argv))
 
 
 def _train_resume_on_two(tmp_path):

@@ -13,6 +13,10 @@ at N = 4) another. Each part is the entry point's own function on the entry poin
 sizes; what an entry point prints comes back as text (rank 0), as it would print it, and the
 notebook cell of each section reads its part. Every entry point still runs alone, with the
 command in its docstring.
+
+Section 6's training and loading runs are train.py's and dcp_demo.py's own code the same way
+(``train_run``, ``dcp_load``: the flags parsed and checked as their main() does), in processes
+forked from the server that has torch loaded rather than started by torchrun.
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ import warnings
 import torch.distributed as dist
 
 from source_code import workload
-from source_code.distributed import context, print0
-from source_code.sharding import fsdp_demo, memory_report, overlap, own_fsdp_report, parity
+from source_code.distributed import context, print0, seed_everything
+from source_code.sharding import (checkpointing, dcp_demo, fsdp_demo, memory_report, overlap, own_fsdp_report,
+                                  parity, train)
 
 # the entry points' defaults (their argparse defaults)
 PARITY = dict(steps=5, batch_size=16, lr=3e-3, dim=64, layers=2, seed=0, tol=1e-6,
@@ -108,3 +113,19 @@ def four_ranks(memory_cfg: dict, own_flags: dict, batch_size: int = 16) -> dict 
     if not ctx.is_main:
         return None
     return {"own_fsdp": own, "fsdp_demo": demo_text, "memory_rows": rows}
+
+
+def train_run(argv: list) -> str:
+    """On every rank: train.py's main() inside this group (its flags parsed and checked, seeded
+    as its session does, then ``train.train``); returns what rank 0 printed."""
+    args = train.parse_args([str(a) for a in argv])
+    train_set, test_set, cfg = train.check(args)
+    seed_everything(args.seed, context().rank)
+    return printed(train.train, context(), args, train_set, test_set, cfg)[1]
+
+
+def dcp_load(checkpoint, full="") -> str:
+    """On every rank: dcp_demo.py's main() inside this group: the newest checkpoint under
+    ``checkpoint`` loaded on this group's ranks, compared with ``full``; rank 0's line."""
+    args = argparse.Namespace(checkpoint=str(checkpoint), full=str(full))
+    return printed(dcp_demo.run, context(), args, checkpointing.read_progress(checkpoint))[1]
