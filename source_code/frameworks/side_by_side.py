@@ -88,8 +88,13 @@ def main(argv=None) -> int:
     store = agent_store()
     if store is None:
         raise LaunchError(f"error: start it with torchrun: {LAUNCH}")
+    # a framework that asks at import whether there is a GPU asks NVML, so CUDA stays unstarted
+    # in this process and its forked children can use it; where CUDA started anyway, each child
+    # starts afresh ("spawn": it imports again, slower, still correct)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     preload()
-    fork = multiprocessing.get_context("fork")
+    import torch
+    fork = multiprocessing.get_context("spawn" if torch.cuda.is_initialized() else "fork")
     began = time.perf_counter()
     for run, (label, module, extra) in enumerate(RUNS):
         if rank == 0:
