@@ -38,7 +38,7 @@ run: venv
 ## every file that submits Slurm jobs on one worker: conftest.py)
 TEST_WORKERS ?= 2
 test: venv
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder $(PYTEST_ARGS)
 
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)

@@ -42,13 +42,8 @@ def _uses_the_cluster(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Longest work first, so that parallel workers end together: the files that submit Slurm
     jobs, then the notebooks by their stored run time, then the other test files. Each file's
-    tests keep their order.
-
-    The local cluster runs one two-node job at a time, so every file that uses it (and notebook
-    06, which submits jobs) is one unit of work for one worker (make test: pytest-xdist with
-    --dist loadgroup): that worker submits and waits while the others compute. One file to a
-    worker otherwise, so that a notebook's cells stay in order in one kernel. Without -n the
-    group marks change nothing."""
+    tests keep their order. Under pytest-xdist each worker also writes down which files use the
+    local cluster, for the scheduler below."""
     files: dict[str, tuple] = {}
     for item in items:
         path = item.nodeid.split("::")[0]
@@ -59,9 +54,52 @@ def pytest_collection_modifyitems(config, items):
             rank = (1, -_stored_run_seconds(Path(str(item.fspath))))
         files[path] = min(rank, files.get(path, rank))
     items.sort(key=lambda item: files[item.nodeid.split("::")[0]])
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("local-slurm-cluster" if files[path][0] == 0 else path))
+    if os.environ.get(_CLUSTER_FILES) and os.environ.get("PYTEST_XDIST_WORKER"):
+        out = Path(os.environ[_CLUSTER_FILES])
+        tmp = out.with_name(f"{out.name}.{os.environ['PYTEST_XDIST_WORKER']}")
+        tmp.write_text(json.dumps(sorted(p for p, rank in files.items() if rank[0] == 0)))
+        tmp.replace(out)
+
+
+# --------------------------------------------------------- one worker for the local cluster
+# The local cluster runs one two-node job at a time. With one file to a worker (--dist
+# loadfile), a job of the second file that uses it queues behind the first file's jobs (the
+# printed sbatch lines are all submitted at once) and that worker waits minutes doing nothing.
+# So under --dist loadfile every file that uses the cluster (notebook 06 too) is one unit of work:
+# one worker submits and waits while the other computes. The scheduler reads which files those
+# are from the workers' collection (markers and fixtures are known there, not here).
+_CLUSTER_FILES = "WORKSHOP_CLUSTER_FILES_JSON"
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "dist", "no") == "loadfile":
+        import tempfile
+        os.environ[_CLUSTER_FILES] = os.path.join(tempfile.mkdtemp(prefix="workshop-xdist-"), "cluster-files.json")
+
+
+def pytest_unconfigure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_CLUSTER_FILES):
+        import shutil
+        shutil.rmtree(Path(os.environ.pop(_CLUSTER_FILES)).parent, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if getattr(config.option, "dist", "no") != "loadfile" or not os.environ.get(_CLUSTER_FILES):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterFilesTogether(LoadScopeScheduling):
+        """--dist loadfile, except that the files that use the local cluster are one unit."""
+        _cluster: frozenset | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._cluster is None:   # called once the workers have collected
+                self._cluster = frozenset(json.loads(Path(os.environ[_CLUSTER_FILES]).read_text()))
+            path = nodeid.split("::")[0]
+            return "the local Slurm cluster" if path in self._cluster else path
+
+    return ClusterFilesTogether(config, log)
 
 
 # Notebook 06 submits jobs to the local cluster when one runs (and says it skipped otherwise): in
