@@ -69,12 +69,41 @@ def package_synchronisation(glob, local, opt, average):     # what local_sgd.DiL
     local_sgd.apply_outer(glob, local, opt, delta)
 
 
-@pytest.mark.parametrize("right", [one_flat_buffer, one_tensor_at_a_time, parameters_averaged_first,
-                                   package_synchronisation])
+def imported_inside(glob, local, opt, average):            # the same, imported in the body
+    from source_code.less_communication.local_sgd import apply_outer, pseudo_gradient
+    delta = pseudo_gradient(glob, local)
+    average([delta])
+    apply_outer(glob, local, opt, delta)
+
+
+def _closure_answer():
+    piece = local_sgd.apply_outer
+
+    def outer(glob, local, opt, average):
+        delta = torch.cat([(g - p).reshape(-1) for g, p in zip(glob, local)])
+        average([delta])
+        piece(glob, local, opt, delta)
+    return outer
+
+
+@pytest.mark.parametrize("right", [one_flat_buffer, one_tensor_at_a_time, parameters_averaged_first])
 def test_correct_answers_written_other_ways_pass(right):
-    """Including the package's own DiLoCo synchronisation: it is checked against the definition
-    (exercises._expected), not against a copy of itself."""
     assert check_outer_step(right, strict=True, quiet=True, seed=3)
+
+
+@pytest.mark.parametrize("borrowed", [package_synchronisation, imported_inside, _closure_answer()])
+def test_answers_that_reach_the_package_are_turned_away(borrowed, capsys):
+    """The package's own DiLoCo holds the answer: an answer that calls it is refused before it
+    runs, in one line; the same pieces are right (checked against the definition, not a copy)."""
+    with pytest.raises(ExerciseFailed, match="with torch alone"):
+        check_outer_step(borrowed, strict=True, quiet=True, seed=3)
+    assert check_outer_step(borrowed, seed=3) is None
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("not yet:")
+    from source_code.less_communication import exercises
+    assert not exercises._borrowed(one_flat_buffer) and not exercises._borrowed(outer_step)
+    got = exercises._simulate(borrowed, *exercises.cases(3)[0])
+    assert all(exercises._same_round(g, w) for g, w in zip(got, exercises._expected(*exercises.cases(3)[0])))
 
 
 def test_an_answer_outside_no_grad_fails_as_it_would_on_a_model():

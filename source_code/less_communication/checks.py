@@ -19,6 +19,7 @@ import statistics
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from source_code import workload
@@ -45,26 +46,31 @@ def _ddp_step(ddp, opt, x, y, ctx) -> float:
 
 
 def slow_link_check(s: dict) -> dict:
-    """Per pair of DDP steps: fast (local link), slow (the link slept); the medians."""
+    """Per pair of DDP steps: fast (local link), slow (the link slept); the medians. Every step,
+    the calibrating ones included, runs the same way: DDP's own all-reduce (torch's
+    ``allreduce_hook``) inside one ``SlowLink``, entered for the hook's call only, so that the
+    step time the link is set from is the step time measured against it."""
     ctx = context()
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = tasks.train_set(s["task"], s["seed"])
     model = build_model(s, ctx.device)
     ddp = DDP(model, device_ids=ctx.device_ids)
+    wire = SlowLink(world, "node", sleep=False)               # counts and charges, sleeps when told
+    ddp.register_comm_hook(None, wire.counted(default_hooks.allreduce_hook))
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"])
     batches = (batch(dataset, k, s, s["seed"], rank, world, ctx.device) for k in range(10**6))
     first = [_ddp_step(ddp, opt, *next(batches), ctx) for _ in range(2 + s["check_steps"])]
     step_s = torch.tensor(statistics.median(first[2:]))     # the first two build DDP's buckets
     dist.all_reduce(step_s, op=dist.ReduceOp.MAX)           # one link for every rank
-    link = links.latency_link(SLEPT_STEPS * float(step_s), world, "slept")
+    wire.link = links.latency_link(SLEPT_STEPS * float(step_s), world, "slept")
     fast, slow, charged = [], [], []
     for k in range(2 * s["check_steps"]):
-        sleep = k % 2 == 1
-        with SlowLink(world, link, sleep=sleep) as wire:      # the same counting both times
-            took = _ddp_step(ddp, opt, *next(batches), ctx)
-        (slow if sleep else fast).append(took)
-        if sleep:
-            charged.append(wire.simulated_s)                  # barriers are not counted: no data
+        wire.sleep = k % 2 == 1
+        before = wire.simulated_s
+        took = _ddp_step(ddp, opt, *next(batches), ctx)
+        (slow if wire.sleep else fast).append(took)
+        if wire.sleep:
+            charged.append(wire.simulated_s - before)           # barriers are not counted: no data
     extra = statistics.median(b - a for a, b in zip(fast, slow))
     return {"step_s": float(step_s), "fast_s": fast, "slow_s": slow, "charged_s": charged,
             "extra_s": extra, "model_s": statistics.median(charged), "slept_steps": SLEPT_STEPS}

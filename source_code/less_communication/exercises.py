@@ -18,16 +18,21 @@ Over several rounds (so the outer momentum matters) every worker's global and lo
 parameters are compared with DiLoCo's definition computed here (``_expected``: the mean
 pseudo-gradient, one step of SGD with Nesterov momentum as torch defines it), on fixed cases and on cases it draws
 (other shapes, worker counts, outer learning rates and momenta) that the notebook never
-prints. It prints one line: correct, not done yet, or the first case that differs with a hint;
-``strict`` raises ExerciseFailed instead (the tests use that). The mistakes it recognises (by
-their results) are for the tests, not for the notebook. The reference solution is in
+prints. An answer that reaches the package's own DiLoCo (``local_sgd``'s pieces, ``streaming``,
+torchft: an import, a global, a closure) is turned away before it runs: the learner writes the
+step with torch alone. It prints one line: correct, not done yet, or the first case that differs with a hint;
+``strict`` raises ExerciseFailed instead (the tests use that). The mistakes it recognises are
+DiLoCo's definition with one thing changed, compared by their results (no wrong answer is
+written out here). The reference solution is in
 source_code/solutions/nb18_less_communication.py.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import secrets
 import threading
+import types
 
 import torch
 
@@ -159,56 +164,31 @@ def _same_round(got, want) -> bool:
     return all(_same(g1, g2) and _same(l1, l2) for (g1, l1), (g2, l2) in zip(got, want))
 
 
-# typical mistakes, recognised by their results (for the tests; the notebook never lists them)
-@torch.no_grad()
-def _no_average(glob, local, opt, average):
-    for g, p in zip(glob, local):
-        g.grad = g - p
-    opt.step()
-    for p, g in zip(local, glob):
-        p.copy_(g)
-
-
-@torch.no_grad()
-def _parameter_average(glob, local, opt, average):
-    average(local)
-    for g, p in zip(glob, local):
-        g.copy_(p)
-
-
-@torch.no_grad()
-def _flipped(glob, local, opt, average):
-    deltas = [p - g for g, p in zip(glob, local)]
-    average(deltas)
-    for g, d in zip(glob, deltas):
-        g.grad = d
-    opt.step()
-    for p, g in zip(local, glob):
-        p.copy_(g)
-
-
-@torch.no_grad()
-def _no_reset(glob, local, opt, average):
-    deltas = [g - p for g, p in zip(glob, local)]
-    average(deltas)
-    for g, d in zip(glob, deltas):
-        g.grad = d
-    opt.step()
+# typical mistakes, recognised by their results: each is DiLoCo's definition with something
+# changed (for the tests; the notebook never lists them)
+def _alone(workers, lr, momentum, start, rounds):
+    """Every worker's outer step on its own change, no average."""
+    each = [_expected(1, lr, momentum, start, [[drift[k]] for drift in rounds]) for k in range(workers)]
+    return [[each[k][r][0] for k in range(workers)] for r in range(len(rounds))]
 
 
 MISTAKES = [
-    (_parameter_average, "the new parameters are the workers' average: that is local SGD; in DiLoCo "
-                         "the averaged change goes to the outer optimizer"),
-    (_no_average, "your step used this worker's change alone: the other workers' never reached it"),
-    (_flipped, "the parameters moved away from where the workers went: which way does a gradient point?"),
-    (_no_reset, "the global parameters are right; where does this worker continue from afterwards?"),
+    (lambda w, lr, mom, start, rounds: _expected(w, 1.0, 0.0, start, rounds),
+     "the new parameters are the workers' average: that is local SGD; in DiLoCo "
+     "the averaged change goes to the outer optimizer"),
+    (_alone, "your step used this worker's change alone: the other workers' never reached it"),
+    (lambda w, lr, mom, start, rounds: _expected(w, -lr, mom, start, rounds),
+     "the parameters moved away from where the workers went: which way does a gradient point?"),
 ]
 
 
 def _hint(got, case, r) -> str:
     for wrong, hint in MISTAKES:
-        if all(_same_round(a, b) for a, b in zip(got[:r + 1], _simulate(wrong, *case)[:r + 1])):
+        if all(_same_round(a, b) for a, b in zip(got[:r + 1], wrong(*case)[:r + 1])):
             return hint
+    want = _expected(*case)[r]
+    if all(_same(g, w) for (g, _), (w, _) in zip(got[r], want)):
+        return "the global parameters are right; where does this worker continue from afterwards?"
     before = case[3] if r == 0 else got[r - 1][0][0]
     if _same(got[r][0][0], before):
         return "the global parameters did not move: did the outer optimizer take a step?"
@@ -216,8 +196,55 @@ def _hint(got, case, r) -> str:
             "which optimizer turns it into the new parameters?")
 
 
+PACKAGE = ("source_code.less_communication", "source_code.solutions", "torchft")
+
+
+def _from_the_package(obj) -> bool:
+    name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
+    return isinstance(name, str) and name.startswith(PACKAGE)
+
+
+def _borrowed(fn) -> list:
+    """The names in ``fn``'s code (nested functions included) that reach the workshop's DiLoCo:
+    an import of its modules, or a global, closure or default that is one of its objects."""
+    fn = inspect.unwrap(fn)                  # torch.no_grad() and other decorators: the body itself
+    found, codes = [], [getattr(fn, "__code__", None)]
+    if getattr(fn, "__module__", "").startswith("source_code.less_communication"):
+        found.append(getattr(fn, "__qualname__", repr(fn)))
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        for name in code.co_names:
+            if any(part in name for part in ("less_communication", "solutions", "torchft")):
+                found.append(name)
+            elif name in getattr(fn, "__globals__", {}) and _from_the_package(fn.__globals__[name]):
+                found.append(name)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                codes.append(const)
+            elif isinstance(const, str) and any(part in const for part in ("less_communication", "solutions")):
+                found.append(repr(const))
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+    found += [getattr(o, "__name__", repr(o)) for o in cells + list(getattr(fn, "__defaults__", None) or ())
+              if _from_the_package(o)]
+    return sorted(set(found))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
 def _verdict(fn, seed: int) -> None:
     """Raise ExerciseFailed at the first case and round that differs (NotImplementedError passes)."""
+    borrowed = _borrowed(fn)
+    if borrowed:
+        raise ExerciseFailed("write the outer step with torch alone: your function reaches the workshop's "
+                             f"own DiLoCo ({', '.join(borrowed)})")
     for n, case in enumerate(cases(seed)):
         workers, lr, momentum = case[:3]
         where = (f"{'fixed' if n < len(FIXED) else 'drawn'} case: {workers} workers, outer lr {lr:g}, "
