@@ -68,3 +68,17 @@ def test_a_job_pending_for_a_reason_that_never_clears_counts_from_submission(mon
     with pytest.raises(TimeoutError, match="still PENDING"):
         jobs.wait("7", timeout=30)
     assert clock.now < 35
+
+
+def test_a_job_waited_for_to_start_is_not_timed_while_it_waits_behind_others(monkeypatch):
+    import pytest
+    clock = _Clock()
+    queued = [{"JobState": "PENDING", "Reason": "Priority"}] * 1000      # 500 s behind others
+    answers = iter(queued + [{"JobState": "RUNNING", "NumTasks": "2"}])
+    monkeypatch.setattr(job_control, "time", clock)
+    monkeypatch.setattr(job_control, "job_info", lambda job_id: next(answers))
+    assert job_control.wait_running("7", timeout=60)["NumTasks"] == "2" and clock.now >= 500
+    held = iter([{"JobState": "PENDING", "Reason": "JobHeldUser"}] * 1000)  # a reason that never clears
+    monkeypatch.setattr(job_control, "job_info", lambda job_id: next(held))
+    with pytest.raises(job_control.LaunchError, match="did not start within 60 s"):
+        job_control.wait_running("7", timeout=60)

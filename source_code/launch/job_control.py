@@ -17,7 +17,7 @@ import subprocess
 import time
 
 from source_code.errors import LaunchError, run_main
-from source_code.launch.jobs import job_info
+from source_code.launch.jobs import QUEUED_BEHIND_OTHERS, job_info
 
 
 def _run(cmd: list[str], timeout: float = 60) -> str:
@@ -27,15 +27,22 @@ def _run(cmd: list[str], timeout: float = 60) -> str:
     return done.stdout
 
 
-def wait_running(job_id: str, timeout: float = 60) -> dict:
-    """Poll until the job runs (its steps have started); its scontrol fields."""
-    start = time.time()
-    while time.time() - start < timeout:
+def wait_running(job_id: str, timeout: float = 60, queue_limit: float = 1800) -> dict:
+    """Poll until the job runs (its steps have started); its scontrol fields. ``timeout`` counts
+    the job's own time: pending behind other jobs (a busy cluster) is not counted, up to
+    ``queue_limit`` seconds in all, as jobs.wait counts it."""
+    start = last = time.time()
+    counted = 0.0
+    while counted < timeout and time.time() - start < queue_limit:
         info = job_info(job_id)
-        if info.get("JobState") == "RUNNING":
+        state = info.get("JobState")
+        if state == "RUNNING":
             return info
-        if info.get("JobState") not in (None, "PENDING", "CONFIGURING"):
-            raise LaunchError(f"error: job {job_id} is {info.get('JobState')}, not running")
+        if state not in (None, "PENDING", "CONFIGURING"):
+            raise LaunchError(f"error: job {job_id} is {state}, not running")
+        now = time.time()
+        counted += 0 if state == "PENDING" and info.get("Reason") in QUEUED_BEHIND_OTHERS else now - last
+        last = now
         time.sleep(0.5)
     raise LaunchError(f"error: job {job_id} did not start within {timeout:.0f} s (squeue --me says why)")
 
