@@ -240,9 +240,12 @@ def _verdict_own(result, tol: float) -> str | None:
         return None
     kinds = sorted({k for v in bad.values() for k in v})
     right = sorted({kind_of(n) for n in result[0]["diffs"]} - set(kinds))
-    named = ("the gradients of every parameter" if not right else
-             f"the gradients of every parameter but {', '.join(right)}" if len(right) <= len(kinds) else
-             f"the gradients of {', '.join(kinds)}")
+    if not right:
+        named = "the gradients of every parameter"
+    elif len(right) <= len(kinds):
+        named = f"the gradients of every parameter but {', '.join(right)}"
+    else:
+        named = f"the gradients of {', '.join(kinds)}"
     if len(bad) == len(result) and all(abs(a * WORLD - 1) < 1e-3 for m in result for a in m["factor"]):
         return ("every gradient is one process's divided by the number of ranks: each rank's "
                 "loss already divides by the global count, so add the ranks' parts up "

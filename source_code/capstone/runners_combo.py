@@ -2,7 +2,8 @@
 
 * "FSDP x TP": mesh.tp.build_2d (notebook 12): DTensor TP on "tp", FSDP2 on "dp";
 * "DP x CP": notebook 13's training step (context_parallel.model_step): each dp group its half
-  of the samples, each cp rank its tokens of them, ring attention;
+  of the samples, each cp rank its tokens of them, ring attention; the count and the gradients
+  over the dp x cp ranks, named as a group (runner.flat_group), not the whole job;
 * "EP x DP": the MoE model, experts split over "ep", copies of them over "dp" (notebook 14);
 * "PP x DP": two 2-stage 1F1B pipelines (own schedule), each on half the samples, each
   stage's gradients summed with its copy in the other pipeline.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from source_code.capstone import seed
 from source_code.capstone.loss import global_token_count, global_token_loss
-from source_code.capstone.runner import Runner, Spec, full_weights, mesh, piece, report
+from source_code.capstone.runner import Runner, Spec, flat_group, full_weights, mesh, piece, report
 from source_code.capstone.runners_model import expert_parallel
 from source_code.capstone.runners_pipeline import own
 from source_code.context_parallel import model_step
@@ -40,8 +41,9 @@ def fsdp_tp(spec: Spec, dp: int = 2, tp: int = 2) -> Runner:
 
 def dp_cp(spec: Spec, dp: int = 2, cp: int = 2) -> Runner:
     grid = mesh((dp, cp), ("dp", "cp"))
+    dp_x_cp = flat_group(grid, ("dp", "cp"))   # 13's mesh_groups passes None (its grid is the job)
     groups = model_step.Groups(grid["dp"].get_local_rank(), dp, grid["cp"].get_local_rank(), cp,
-                               grid["cp"].get_group(), grid["dp"].get_group(), None)   # as 13's mesh_groups
+                               grid["cp"].get_group(), grid["dp"].get_group(), dp_x_cp)
     model = seed.load_seed(spec.path, dtype=spec.dtype)
     opt = make_optimizer(model.parameters(), spec.lr)
 
