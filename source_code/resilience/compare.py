@@ -11,8 +11,9 @@ One kill at the same point in both runs (worker 1 dies inside its gradient all-r
   and they resume from the snapshot (a Slurm requeue does the same with a new job, and waits for
   an allocation: minutes, where the relaunch here costs the seconds of a process start).
 Both are measured from their step logs (recovery.py): steps lost, samples lost (never trained)
-and, apart from them, sample computations thrown away, the steps discarded, time without progress; over one window for both (from the kill to the step where torchft
-has every group back) the seconds lost and the goodput; the loss at equal steps (the end) and
+and, apart from them, sample computations thrown away, the steps discarded, time without
+progress; over one window for both (from the kill to the step where torchft has every group
+back) the seconds it took, the samples trained and the goodput; the loss at equal steps (the end) and
 at equal time after the kill (both back at full batch). The model is fixed and tiny (the
 lesson is the failures); ``--step-seconds`` stands in for a bigger model's step time. Then the
 corruption drill (sdc_drill.py): bits flipped in one replica's state (found by the checksums)

@@ -85,9 +85,11 @@ def time_waits(manager) -> dict:
     """Instrumentation, not lesson: wrap the manager's calls so that each adds its seconds to
     the returned dict (the step loop logs and clears it every step): ``quorum``, the waits for
     the step's quorum (``wait_quorum``: the lighthouse's answer, the process group reconfigured,
-    a heal's state sent or received); ``allreduce``, the waits on the gradients' all-reduce
-    (``work.wait()``: the transfer, and a peer that has not reached its all-reduce yet);
-    ``commit``, the commit vote (``should_commit``; a healing group loads the state there)."""
+    a heal's state received, or copied for the checkpoint server whose own thread serves it);
+    ``allreduce``, the waits on the gradients' all-reduce (``work.wait()``: the transfer, and a
+    peer that has not reached its all-reduce yet); ``commit``, the commit vote (``should_commit``;
+    a healing group loads the state there, a sending one waits for a read still in progress
+    before it closes its checkpoint server)."""
     spent = {"quorum": 0.0, "allreduce": 0.0, "commit": 0.0}
 
     def timed(name, call):

@@ -9,8 +9,8 @@ since the last completed snapshot (the restart itself is left out). A period of 
 seconds completes with probability exp(-P/M), so the expected wall time per completed period is
 M (exp(P/M) - 1), and the fraction of time wasted is
     waste(tau) = 1 - tau / (M (exp((tau + C) / M) - 1))
-(``waste_fraction``; ``simulate`` checks it with drawn failures). Its minimum (``best_interval``)
-solves exp((tau + C)/M) (1 - tau/M) = 1. Expanded to first order in P/M the waste is
+(``waste_fraction``; ``simulate`` checks it with drawn failures); ``best_interval`` finds its
+minimum. Expanded to first order in P/M the waste is
 C/(tau + C) + tau/(2M), minimised by first-order Daly (2006): tau = sqrt(2 C M) - C; dropping C
 against tau as well gives C/tau + tau/(2M) and Young (1974): tau = sqrt(2 C M). Both are close
 to the model's minimum when C << M and drift away from it as C approaches M. Daly's paper gives
