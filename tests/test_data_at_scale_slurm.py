@@ -62,7 +62,9 @@ def test_a_job_killed_mid_epoch_and_requeued_on_one_node_trains_every_sample_onc
                              r"(scontrol release \S+)", Path(held["StdOut"]).read_text())
             assert line, "the job's line that says how to release it"
             for cmd in (line.group(1).split(), line.group(2).split()):     # as printed, as a user types it
-                res = subprocess.run(cmd, capture_output=True, text=True)
+                # a change of node count makes scontrol write slurm_job_<id>_resize.{sh,csh} into
+                # its working directory: the test's, not the repository
+                res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
                 assert res.returncode == 0, (cmd, res.stderr)
             info = slurm_cluster.wait(job_id, timeout=400)
         else:
