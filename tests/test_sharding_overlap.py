@@ -20,6 +20,8 @@ def test_hidden_time_is_transfer_under_main_thread_computation():
         _ev("c10d::_allgather_base_", 30, 20, tid=1),          # the call: waits, not work
         _ev("aten::copy_", 35, 5, tid=1),                      # inside the call: not work
         _ev("aten::mm", 50, 30, tid=1),                        # compute 50-80
+        _ev("autograd::engine::evaluate_function: AddBackward0", 85, 15, tid=1),  # holds a call:
+        _ev("c10d::_allgather_base_", 86, 2, tid=1),           # waiting, not work
         _ev("gloo:all_gather", 20, 40, tid=7, cat="user_annotation"),    # in flight 20-60
         _ev("gloo:reduce_scatter", 90, 10, tid=7, cat="user_annotation"),  # 90-100, exposed
     ]}

@@ -1,25 +1,28 @@
-"""FSDP2 prefetching: issue the next block's all-gather before it is needed, read the overlap in a trace.
+"""FSDP2 prefetching: issue the next block's all-gather earlier, read the overlap in a trace.
 
     torchrun --standalone --nproc-per-node=2 -m source_code.sharding.overlap --out overlap.json
 
-Without prefetching, block i+1's all-gather starts when block i+1's forward starts: the rank
-waits for it, then computes. ``block.set_modules_to_forward_prefetch([next_block])`` issues it
-when block i starts, so the transfer can run while block i computes;
-``set_modules_to_backward_prefetch([previous_block])`` does the same in backward, where the
-blocks come in reverse order (FSDP2 prefetches one block in backward by default; the explicit
-list replaces that guess with an order you choose). Whether the transfer really runs alongside
-the computation depends on who carries it: NCCL on its own CUDA stream does; on a CPU, FSDP2
-issues the collective synchronously unless the group is told to issue it asynchronously
-(``FSDPModule._set_unshard_async_op(True)``, a private switch in torch 2.14), and then gloo's
-worker thread moves the bytes while the main thread computes. So three variants run here:
-``none`` (forward: no prefetch; backward: FSDP2's default), ``prefetch`` (explicit lists) and
-``prefetch_async`` (explicit lists + asynchronous issue).
+On GPUs FSDP2 overlaps by default: the all-gathers run on their own CUDA stream, and the CPU,
+running ahead of the kernels, issues block i+1's all-gather while block i's kernels still run
+(_fsdp_param_group.py, "implicit prefetching"). ``block.set_modules_to_forward_prefetch([next])``
+keeps that overlap and only issues the all-gather earlier from the CPU (after block i's own
+all-gather, before block i computes); a list of two or more modules gathers further ahead, with
+more memory (its docstring). ``set_modules_to_backward_prefetch([previous_block])`` chooses the
+order in backward (FSDP2 prefetches one block there by default, in the reverse of the forward).
+On a CPU nothing runs ahead: FSDP2 issues the gloo collective synchronously, so the main thread
+waits for it, prefetched or not, unless the group is told to issue it asynchronously
+(``FSDPModule._set_unshard_async_op(True)``, private in torch 2.14); then gloo's worker thread
+moves the bytes while the main thread computes. Three variants run here: ``none`` (FSDP2's
+default), ``prefetch`` (explicit lists) and ``prefetch_async`` (explicit lists + asynchronous issue).
 
 Per variant, rank 0 profiles ``--steps`` steps after a warm-up, exports the Chrome trace and
 reads it with the profiling lesson's classifier (source_code/profiling/classify.py):
-the transfers (gloo's worker-thread events), the main thread's computation (operators),
-and how much of the transfer time lies under computation (``hidden``; transfer_and_compute). It also checks what
-is resident when: at each block's forward, the blocks whose parameters are unsharded and the
+the transfers (gloo's events for each collective, until its worker thread completes it: the
+wait for the slower rank included), the main thread's computation
+(operators, except the collective calls and every operator that contains one: an autograd node
+whose FSDP hook issues an all-gather and waits for it is waiting, not computing), and how much
+of the transfer time lies under computation (``hidden``; transfer_and_compute). It also checks
+what is resident when: at each block's forward, the blocks whose parameters are unsharded and the
 all-gathers already issued (one ahead of the block with prefetching).
 
 Written to ``--out`` (JSON): {"variants": {name: {comm_ms, hidden_ms, hidden_fraction, gather_ms,
@@ -84,9 +87,11 @@ def watch_residency(model, counter: CommCounter) -> list[dict]:
 def transfer_and_compute(trace: dict, which: str = ""):
     """Merged spans of (collectives in flight on the backend's thread, main-thread computation).
 
-    The transfer: the ``gloo:...`` (``nccl:...``) events, the bytes on the move. Computation:
-    operators on the thread that runs the steps, except those inside a collective call there
-    (the copies and waits of the call itself): a transfer under them is not hidden behind work.
+    The transfer: the ``gloo:...`` (``nccl:...``) events, the bytes on the move (and the wait for
+    the slower rank). Computation: operators on the thread that runs the steps, except the
+    collective calls there, the operators inside them (the copies of the call itself) and the
+    operators that contain one (an autograd node whose hook issues a collective and waits for it):
+    a transfer under those is not hidden behind work.
     ``which``: only the collectives whose name contains it (e.g. "all_gather").
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
@@ -94,11 +99,14 @@ def transfer_and_compute(trace: dict, which: str = ""):
     span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
     transfer = [span(e) for e in events if str(e["name"]).startswith(classify.ASYNC_COLLECTIVE)
                 and which in str(e["name"])]
-    calls = classify.merge([span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"
-                            and classify.kind_of(e["name"]) == "communication"])
+    call_spans = [span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"
+                  and classify.kind_of(e["name"]) == "communication"]
+    calls = classify.merge(call_spans)
     inside = lambda a, b: any(lo <= a and b <= hi for lo, hi in calls)
+    holds_call = lambda a, b: any(a <= lo and hi <= b for lo, hi in call_spans)
     compute = [span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"
-               and classify.kind_of(e["name"]) == "computation" and not inside(*span(e))]
+               and classify.kind_of(e["name"]) == "computation"
+               and not inside(*span(e)) and not holds_call(*span(e))]
     return classify.merge(transfer), classify.merge(compute)
 
 

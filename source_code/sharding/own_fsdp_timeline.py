@@ -41,13 +41,24 @@ class WaitingUnit(PrefetchUnit):
         self.finish_reduce()
 
 
+WAITERS: list[threading.Thread] = []   # on_arrival's threads, joined (join_waiters) before reading stamps
+
+
 def on_arrival(work, fn) -> None:
     """Call ``fn()`` when ``work`` completes: on its future, or, where the backend has none
-    (gloo's reduce-scatter), on a thread that waits for it."""
+    (gloo's reduce-scatter), on a thread that waits for it (kept in WAITERS)."""
     try:
         work.get_future().then(lambda f: fn())
     except RuntimeError:
-        threading.Thread(target=lambda: (work.wait(), fn()), daemon=True).start()
+        waiter = threading.Thread(target=lambda: (work.wait(), fn()), daemon=True)
+        waiter.start()
+        WAITERS.append(waiter)
+
+
+def join_waiters() -> None:
+    """Wait until every stamp on_arrival's threads owe is in (their works are complete by then)."""
+    while WAITERS:
+        WAITERS.pop().join()
 
 
 def record(units, device, phase: dict, model=None) -> list[dict]:
@@ -180,6 +191,7 @@ def timeline_run(ctx, cfg: dict, args, steps: int = 2) -> dict:
             t2 = clock(ctx.device)
             opt.step()
             opt.zero_grad()
+            join_waiters()                            # every arrival stamped before reading them
             iv, reduces = intervals(list(events), t0), all_reduce_intervals(list(events), t0)
             backward = sorted((e for e in events if e["phase"] == "backward"), key=lambda e: e["t"])
             out[name] = {
