@@ -84,7 +84,7 @@ def run(ctx, args) -> dict:
             d = max((a - b).abs().max().item() for a, b in zip(full_weights(whole), reference))
             print0(f"note: one process on the unsplit batch differs from the {ctx.world_size}-way "
                    f"split by max_abs_diff={d:.3g} (float rounding of the split, amplified by "
-                   f"Adam's division by sqrt(v); plain DDP differs the same way)")
+                   f"Adam's division by sqrt(v): the split itself, sharded or not)")
     diffs = {}
     for impl in args.impls:
         model, opt = _make(impl, ctx, cfg, args)
