@@ -140,6 +140,16 @@ def test_staging_copies_once_and_a_cut_copy_is_made_again(tmp_path, monkeypatch)
     assert staging.break_even(3.0, 2.0, 0.5) == 2.0 and staging.break_even(1.0, 0.5, 0.5) == float("inf")
 
 
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_on_n_nodes_each_node_copies_everything_reads_its_share_and_pays_back_n_times_later(tmp_path, nodes):
+    from source_code.data_at_scale import report
+    prep = report.prepare(tmp_path, n=256, per_shard=32)          # 8 shards: each node gets 8 / nodes
+    for row in report.staging_costs(prep, nodes=nodes):
+        assert row["bytes"] == row["epoch_bytes"]                    # the copy: all of it, on every node
+        assert 0.9 < row["node_bytes"] * nodes / row["bytes"] < 1.1, row
+        assert 0.9 * nodes < row["node_break_even"] / row["break_even"] < 1.1 * nodes, row
+
+
 def test_staging_without_shards_is_refused_in_one_line(tmp_path):
     with pytest.raises(LaunchError, match="is not a directory; write the shards first"):
         staging.main(["--from", str(tmp_path / "none"), "--to", str(tmp_path / "x")])

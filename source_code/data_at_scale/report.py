@@ -64,13 +64,16 @@ def waits_by_sample_size(prep: dict, rows: list[dict], sizes=(10_000, 100_000)) 
     return out
 
 
-def staging_costs(prep: dict) -> list[dict]:
+def staging_costs(prep: dict, nodes: int = 2) -> list[dict]:
     """Shards and loose files copied to a node-local directory: the copy against what it saves.
 
     All in the model of fsops and staging: the copy is its counted requests and bytes on Lustre
     and the node-local writes; an epoch saves its waiting for Lustre less the node-local reads.
     CPU time is left out of both sides (the reading's is the same staged or not); the copy's,
-    measured here, is reported apart (``copy_cpu_s``)."""
+    measured here, is reported apart (``copy_cpu_s``). On ``nodes`` nodes every node copies all
+    the files but reads only its share of an epoch (node 0's share counted: whole shards
+    0, nodes, ... as split_by_node deals them, every nodes-th loose file as a split by sample
+    does): ``node_break_even`` is the copy against that share."""
     rows = []
     for layout, reader, src in (("shards", formats.read_shards, Path(prep["urls"][0]).parent),
                                 ("loose", formats.read_loose, prep["paths"]["loose"])):
@@ -86,13 +89,28 @@ def staging_costs(prep: dict) -> list[dict]:
         copy_s = fsops.waiting(ops.total, copy["bytes"]) + copy["bytes"] / staging.LOCAL_WRITE_BYTES_S
         shared_s = fsops.waiting(epoch["requests"], epoch["bytes"])        # beyond the reading's own CPU
         local_s = epoch["bytes"] / staging.LOCAL_READ_BYTES_S
+        share = (formats.shard_urls(src)[0::nodes] if layout == "shards"
+                 else sorted(str(p) for p in Path(src).glob("*.bin"))[0::nodes])
+        node = fsops.epoch(formats.read_shards if layout == "shards" else _read_files, share, src)
+        node_shared_s = fsops.waiting(node["requests"], node["bytes"])
+        node_local_s = node["bytes"] / staging.LOCAL_READ_BYTES_S
         rows.append({"layout": layout, "files": copy["files"], "bytes": copy["bytes"],
+                     "nodes": nodes, "node_requests": node["requests"], "node_bytes": node["bytes"],
+                     "node_shared_s": node_shared_s,
+                     "node_break_even": staging.break_even(copy_s, node_shared_s, node_local_s),
                      "copy_requests": ops.total, "epoch_requests": epoch["requests"],
                      "epoch_bytes": epoch["bytes"], "copy_s": copy_s,
                      "copy_cpu_s": cpu,
                      "shared_s": shared_s, "local_s": local_s,
                      "break_even": staging.break_even(copy_s, shared_s, local_s)})
     return rows
+
+
+def _read_files(paths):
+    """(id, bytes) of the loose files named, one open each (a node's share of a split by sample)."""
+    for path in paths:
+        with open(path, "rb") as f:
+            yield int(Path(path).name[:6]), f.read()
 
 
 def splits(n: int, shards: list[list[int]], world: int = WORLD, batch: int = LOCAL_BATCH) -> list[dict]:
@@ -209,11 +227,15 @@ def print_waits_by_sample_size(rows: list[dict]) -> None:
 
 
 def print_staging_costs(rows: list[dict]) -> None:
-    print(f"{'layout':8s}{'copy: requests':>16s}{'s':>7s}{'an epoch: requests':>20s}{'shared s':>10s}"
-          f"{'local s':>9s}{'pays after (epochs)':>21s}")
+    nodes = rows[0]["nodes"]
+    print(f"{'':8s}{'copy (each node)':>23s}{'an epoch, 1 node':>27s}{f'node 0 of {nodes}':>27s}"
+          f"{'pays after (epochs)':>25s}")
+    print(f"{'layout':8s}{'requests':>16s}{'s':>7s}{'requests':>16s}{'shared s':>11s}{'requests':>16s}"
+          f"{'shared s':>11s}{'1 node':>11s}{f'{nodes} nodes':>14s}")
     for row in rows:
-        print(f"{row['layout']:8s}{row['copy_requests']:16d}{row['copy_s']:7.3f}{row['epoch_requests']:20d}"
-              f"{row['shared_s']:10.4f}{row['local_s']:9.5f}{row['break_even']:21.2f}")
+        print(f"{row['layout']:8s}{row['copy_requests']:16d}{row['copy_s']:7.3f}{row['epoch_requests']:16d}"
+              f"{row['shared_s']:11.4f}{row['node_requests']:16d}{row['node_shared_s']:11.4f}"
+              f"{row['break_even']:11.2f}{row['node_break_even']:14.2f}")
 
 
 def main(argv=None):

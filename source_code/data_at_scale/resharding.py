@@ -63,9 +63,10 @@ def _ids(root: str, world: int, rank: int, batch: int, state=None, steps=None, s
         return ids, loader.state_dict()
 
 
-# the notebook's resume (4 ranks to 3, the global batch kept) and a grown world with the per-rank
-# batch kept (the global batch grows from 3 x 16 to 4 x 16)
-CASES = ((4, 3, "global batch kept"), (3, 4, "per-rank batch kept"))
+# cell 30's grid: 4 ranks to 3 and 3 to 4, each with the per-rank and with the global batch kept
+# (4 -> 3 per-rank: the global batch shrinks from 4 x 12 to 3 x 12; 3 -> 4: grows from 3 x 16 to 4 x 16)
+CASES = ((4, 3, "per-rank batch kept"), (4, 3, "global batch kept"),
+         (3, 4, "per-rank batch kept"), (3, 4, "global batch kept"))
 
 
 def compare(n: int, steps: int, global_batch: int, cases=CASES, per_chunk: int = 128, seed: int = 0) -> list[dict]:

@@ -14,11 +14,13 @@ temporary name and renamed when complete, and the directory gets its ``.staged``
 node whose copy was interrupted has no ``.staged`` and copies again; one that has it copies
 nothing (a requeued job on the same node).
 
-When it pays: the copy reads every file once from the shared file system (one epoch's worth of
-its requests and bytes, per node; all nodes at once when a job starts); every later epoch reads
-from the node instead. In notebook 20's model (report.staging_costs) that pays from the second
-epoch when the data fit in the node's space (``NODE_LOCAL``); it never pays for a job that
-reads its data once (a large corpus seen once), and cannot work for data that do not fit.
+When it pays: every node copies every file once from the shared file system (a whole epoch's
+requests and bytes on each node; all nodes at once when a job starts), while on N nodes each
+node reads only its share, 1/N of an epoch, per epoch. In notebook 20's model
+(report.staging_costs, node 0's share counted) the copy pays after about one epoch on one node
+and about N epochs on N nodes, when the data fit in the node's space (``NODE_LOCAL``); it never
+pays for a job that reads its data once (a large corpus seen once), and cannot work for data
+that do not fit.
 """
 from __future__ import annotations
 
