@@ -56,8 +56,10 @@ def test_crossover_helpers_on_a_made_up_summary():
     assert bench.paired_ratios(summary) == {s: 2.0 for s in sizes}
     # the fit and the measurements agree, or say differently where the crossover is
     assert bench.crossovers_agree(4e5, 2**19, sizes[-1])
-    assert not bench.crossovers_agree(4e5, 2**23, sizes[-1])           # 20 x apart
+    assert not bench.crossovers_agree(4e5, 2**23, 2**24)                # 20 x apart
     assert bench.crossovers_agree(None, None, sizes[-1])              # no crossover, either way
     assert bench.crossovers_agree(2**21, None, sizes[-1])             # beyond the measured sizes
     assert not bench.crossovers_agree(2**14, None, sizes[-1])         # the fit says it is well inside
-    assert not bench.crossovers_agree(None, 2**19, sizes[-1])
+    assert not bench.crossovers_agree(None, 2**15, sizes[-1])         # measured well inside, not fitted
+    assert bench.crossovers_agree(None, 2**19, sizes[-1])             # both at the edge or past it
+    assert not bench.crossovers_agree(2**14, 2**19, sizes[-1])        # 32 x apart

@@ -224,11 +224,13 @@ def paired_ratios(summary: dict, slow_small: str = "parameter_server", fast_larg
 
 def crossovers_agree(predicted, measured, largest: float, factor: float = 6) -> bool:
     """The fitted lines and the measurements tell the same story: both cross within ``factor``
-    of each other, or the measurements show no crossover up to ``largest`` and the fit puts it
-    (if anywhere) beyond ``largest / factor``."""
-    if measured is not None:
-        return predicted is not None and 1 / factor <= predicted / measured <= factor
-    return predicted is None or predicted > largest / factor
+    of each other, or both put the crossover at the edge of the measured sizes or past it (no
+    crossover, or one above ``largest / factor``). At the edge a busy moment of the machine decides
+    whether the last sizes cross or not, in the measurements and in the fit alike."""
+    edge = largest / factor
+    if (measured is None or measured > edge) and (predicted is None or predicted > edge):
+        return True
+    return None not in (predicted, measured) and 1 / factor <= predicted / measured <= factor
 
 
 def predicted_crossover(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring"):
