@@ -24,7 +24,7 @@ import browser  # noqa: E402
 # notebooks being edited elsewhere: their slides are fitted afterwards with
 # `python -m source_code.slides.fit --optional ... notebooks/NN_x.ipynb` (README of the slides:
 # source_code/slides/fit.py); empty this once they carry the fit
-NOT_YET_MARKED: set[str] = {"06", "09", "10", "16", "17", "18", "19", "20"}
+NOT_YET_MARKED: set[str] = set()
 NOTEBOOKS = [p for p in numbered() if p.name[:2] not in NOT_YET_MARKED]
 
 
