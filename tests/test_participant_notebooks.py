@@ -111,7 +111,8 @@ def test_notebooks_find_the_repository_from_the_package_not_from_their_folder(bu
             for i, c in enumerate(json.loads(p.read_text())["cells"])
             if c["cell_type"] == "code" and re.search(r"Path\(\s*['\"]\.\.['\"]\s*\)", "".join(c["source"]))]
     assert not uses, f"cells that take the repository to be the notebooks' parent folder: {uses}"
-    setup = nbformat.read(out / "06_launching.ipynb", as_version=4).cells[1]
+    setup = next(c for c in nbformat.read(out / "06_launching.ipynb", as_version=4).cells
+                 if c.cell_type == "code")                  # the notebook's first code cell
     assert "ROOT =" in setup.source
     nb = nbformat.v4.new_notebook(cells=[setup, nbformat.v4.new_code_cell(
         "assert (ROOT / 'slurm' / 'common.sh').is_file() and Path.cwd() != ROOT / 'notebooks', ROOT")])

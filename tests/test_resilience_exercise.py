@@ -159,3 +159,20 @@ def test_the_reference_solution_is_hidden_from_the_answer_and_comes_back():
     assert verdict.startswith("wrong") and "hidden" in verdict and "\n" not in verdict, verdict
     assert check_snapshot_every(nb17_resilience.snapshot_every_steps).startswith("correct")
     assert nb17_resilience.snapshot_every_steps(45.0, 2.0, 6.0) == copied(45.0, 2.0, 6.0) >= 1
+
+
+def test_an_answer_that_imports_the_reference_during_the_check_is_refused():
+    """The check itself never imports the solutions (the participants' copy has none); an answer
+    that imports the reference inside its body finds the import refused while the check runs."""
+    import sys
+    loaded = sys.modules.pop("source_code.solutions.nb17_resilience", None)
+    try:
+        def importing(c, s, f):
+            from source_code.solutions.nb17_resilience import snapshot_every_steps as ref
+            return ref(c, s, f)
+        verdict = check_snapshot_every(importing)
+        assert not verdict.startswith("correct") and "\n" not in verdict, verdict
+        assert "source_code.solutions.nb17_resilience" not in sys.modules   # nothing left behind
+    finally:
+        if loaded is not None:
+            sys.modules["source_code.solutions.nb17_resilience"] = loaded

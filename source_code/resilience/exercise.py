@@ -12,13 +12,15 @@ While the learner's function runs, young_daly's functions are hidden (their code
 for a one-line error, so a name bound to them earlier is hidden too; a reload of the module is
 undone and refused): calling ``best_interval`` would be the whole answer, and the exercise is to
 find the best whole number of steps from section 2's formula. The reference solution in
-source_code.solutions is hidden the same way (unless it is the function checked).
+source_code.solutions is hidden the same way where it is loaded (unless it is the function
+checked), and its import is refused during the check where it is not.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import numbers
+import sys
 
 from source_code.resilience import young_daly
 
@@ -97,12 +99,17 @@ def _hidden_body(*_args, **_kwargs):
                           "the best whole number of steps from section 2's waste formula yourself")
 
 
+# the reference solution's module: the instructor's copy has it, the participants' has none, and
+# the check never imports it (loaded already, it is hidden; not loaded, its import is refused)
+REFERENCE = "source_code.solutions.nb17_resilience"
+
+
 def _hideable(answer) -> list:
     """(module, name) of every function hidden from ``answer``: young_daly's, and the reference
-    solution's (importable from source_code.solutions) unless ``answer`` is that function."""
-    from source_code.solutions import nb17_resilience as reference
+    solution's where it is loaded, unless ``answer`` is that function."""
     pairs = [(young_daly, name) for name in HIDDEN]
-    if answer is not reference.snapshot_every_steps:
+    reference = sys.modules.get(REFERENCE)
+    if reference is not None and answer is not reference.snapshot_every_steps:
         pairs.append((reference, "snapshot_every_steps"))
     return pairs
 
@@ -116,6 +123,9 @@ def _hidden(answer=None):
     pairs = _hideable(answer)
     functions = [getattr(module, name) for module, name in pairs]
     kept = [fn.__code__ for fn in functions]
+    unloaded = REFERENCE not in sys.modules
+    if unloaded:   # an import of it inside the answer fails (None in sys.modules refuses it)
+        sys.modules[REFERENCE] = None
     try:
         for fn in functions:
             fn.__code__ = _hidden_body.__code__
@@ -127,6 +137,8 @@ def _hidden(answer=None):
             raise Hidden(HIDDEN_MESSAGE) from None
         raise
     finally:
+        if unloaded and sys.modules.get(REFERENCE, 0) is None:
+            del sys.modules[REFERENCE]
         for (module, name), fn, code in zip(pairs, functions, kept):
             fn.__code__ = code
             setattr(module, name, fn)
