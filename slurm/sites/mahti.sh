@@ -5,7 +5,9 @@
 SITE_NAME="Mahti"
 SITE_PARTITION=gpusmall              # 1-2 GPUs of one node, up to 36 h
 SITE_PARTITION_MAX_GPUS=2
-SITE_PARTITION_FULL_NODES=gpumedium  # larger jobs: whole nodes (4 GPUs each), 1-6 nodes
+SITE_PARTITION_FULL_NODES=gpumedium  # larger jobs: all 4 GPUs of each node, 1-6 nodes; CSC still
+                                     # allocates per reserved GPU (memory, cores up to 32 a GPU),
+                                     # not whole nodes: a job gets the cores it asks for
 SITE_PARTITION_TEST=gputest          # short runs: at most 15 min, one node (4 GPUs)
 SITE_TEST_MAX_GPUS=4
 SITE_TEST_MAX_MINUTES=15
