@@ -52,12 +52,16 @@ class BackwardPeak:
         self.units = list(getattr(inner, "own_fsdp_units", []))
         self.peak, self.parts, self.handles, self.at_units = 0, {}, [], {}
 
-    def count(self, unit_name: str | None = None) -> None:
+    def tensors(self) -> dict:
+        """{part: the tensors it holds now}, parts in order (a tensor counts in its first part)."""
         params = list(self.model.parameters())
-        groups = {"state": params + [p.grad for p in params] + optimizer_tensors(self.opt),
-                  "full_params": [u.full for u in self.units],
-                  "full_grads": [u.full.grad for u in self.units],
-                  "in_flight": [t for u in self.units if u.reducing for t in u.reducing[1:]]}
+        return {"state": params + [p.grad for p in params] + optimizer_tensors(self.opt),
+                "full_params": [u.full for u in self.units],
+                "full_grads": [u.full.grad for u in self.units],
+                "in_flight": [t for u in self.units if u.reducing for t in u.reducing[1:]]}
+
+    def count(self, unit_name: str | None = None) -> None:
+        groups = self.tensors()
         parts, counted = {}, []
         for name, tensors in groups.items():
             parts[name] = tensor_bytes(tensors, exclude=counted)
@@ -132,7 +136,7 @@ class FSDP2BackwardPeak(BackwardPeak):
         super().__init__(model, opt, model)
         self.groups = fsdp2_groups(model)
 
-    def count(self, unit_name: str | None = None) -> None:
+    def tensors(self) -> dict:
         fsdp_params = [p for _, g in self.groups for p in g.fsdp_params]
         sharded = [p.sharded_param for p in fsdp_params]
         full = [t for p in fsdp_params for t in [getattr(p, "_unsharded_param", None),
@@ -145,18 +149,10 @@ class FSDP2BackwardPeak(BackwardPeak):
         comm = {id(g.comm_ctx): g.comm_ctx for _, g in self.groups if hasattr(g, "comm_ctx")}
         states = [s for c in comm.values() for s in (getattr(c, "reduce_scatter_states", None)
                                                       or [getattr(c, "reduce_scatter_state", None)])]
-        groups = {"state": sharded + [p.grad for p in sharded] + optimizer_tensors(self.opt),
-                  "full_params": full,
-                  "full_grads": [p.grad for p in full_grads if p is not None],
-                  "in_flight": [getattr(s, "reduce_scatter_input", None) for s in states if s is not None]}
-        parts, counted = {}, []
-        for name, tensors in groups.items():
-            parts[name] = tensor_bytes(tensors, exclude=counted)
-            counted += [t for t in tensors if t is not None]
-        if unit_name is not None:
-            self.at_units[unit_name] = parts
-        if sum(parts.values()) > self.peak:
-            self.peak, self.parts = sum(parts.values()), parts
+        return {"state": sharded + [p.grad for p in sharded] + optimizer_tensors(self.opt),
+                "full_params": full,
+                "full_grads": [p.grad for p in full_grads if p is not None],
+                "in_flight": [getattr(s, "reduce_scatter_input", None) for s in states if s is not None]}
 
     def __enter__(self):
         for name, g in self.groups:
