@@ -155,6 +155,7 @@ def test_restart_figures_on_made_up_logs():
     assert (m["steps_lost"], m["resumed_from"], m["samples_lost"]) == (1, 4, 0)
     assert m["samples_trained"] == 6 * 32 and m["samples_thrown_away"] == 32 + 32   # step 5 once, in flight
     assert m["seconds_without_progress"] == pytest.approx(25.0 - 5.5)
+    assert m["seconds_to_resume"] == pytest.approx(19.0 - 5.5)        # Daly's R: the snapshot read
     # the model held, from each step's commit: step 5 of attempt 0 until the kill, then the
     # snapshot's (step 4) until attempt 1 commits step 5 again
     held = [(e["step"], e["seconds"], e["eval_loss"]) for e in m["evals"]]
@@ -318,3 +319,14 @@ def test_recovery_cli_fails_without_a_heal(tmp_path, capsys):
         (tmp_path / f"replica_{r}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
     assert recovery.main([str(tmp_path), "--victim", "1"]) == 0
     assert "ft_steps_lost=0 ft_discarded_steps=1" in capsys.readouterr().out
+
+
+def test_the_heal_steps_moments_are_read_from_the_logs():
+    logs = _ft_logs()
+    back = next(e for e in logs[1] if e.get("event") == "step" and e["attempt"] == 1)
+    peer = next(e for e in logs[0] if e.get("event") == "step" and e["step"] == 7)
+    back["received_t"], peer["allreduce_done_t"], peer["commit_begun_t"] = 8.5, 8.7, 8.8
+    m = recovery.ft_metrics(logs, victim=1, batch_size=32)
+    assert m["heal_order"] == {"received": 8.5, "allreduce_done": 8.7, "commit_begun": 8.8}
+    # a log without the moments gives None, so that no order can be read from it
+    assert set(recovery.ft_metrics(_ft_logs(), victim=1, batch_size=32)["heal_order"].values()) == {None}

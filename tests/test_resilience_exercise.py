@@ -113,6 +113,14 @@ def test_the_cases_separate_the_model_from_its_approximations():
     assert any(not right(_young(*c), c) and not right(_daly_capped(*c), c) for c in CASES)
     assert any(c >= 2 * _mtbf(f) for c, s, f in CASES)
     assert any(c < s for c, s, f in CASES)
+    assert any(best_interval(c, _mtbf(f)) < s for c, s, f in CASES)      # the best is under one step
+
+
+def test_an_answer_that_never_rounds_up_to_one_step_fails():
+    for never_clamps in (lambda c, s, f: round(best_interval(c, _mtbf(f)) / s),
+                         lambda c, s, f: math.floor(best_interval(c, _mtbf(f)) / s)):
+        verdict = check_snapshot_every(never_clamps)
+        assert verdict.startswith("wrong") and "at least one step" in verdict, verdict
 
 
 def test_a_name_bound_to_the_model_before_the_check_is_hidden_too():

@@ -33,9 +33,9 @@ HIDDEN_MESSAGE = ("young_daly's functions (and the reference solution) are hidde
 TOLERANCE = 0.01       # at most 1 % more waste, and 1 % less useful time, than the best whole number of steps
 # (snapshot seconds, step seconds, failures per day): a laptop drill, a big cluster, a costly
 # snapshot, one near the MTBF, a flaky job, a snapshot slower than twice the MTBF, a snapshot
-# cheaper than a step
+# cheaper than a step, and one whose best interval is under one step (the answer must be 1)
 CASES = [(0.03, 0.05, 24.0), (45.0, 2.0, 6.0), (600.0, 10.0, 24.0), (3000.0, 10.0, 24.0),
-         (20.0, 0.5, 96.0), (50_000.0, 30.0, 4.0), (0.2, 1.5, 0.5)]
+         (20.0, 0.5, 96.0), (50_000.0, 30.0, 4.0), (0.2, 1.5, 0.5), (0.002, 60.0, 24.0)]
 
 
 def waste(steps: float, snapshot_s: float, step_s: float, failures_per_day: float) -> float:

@@ -81,42 +81,58 @@ def build(args):
     return model, optimizer, manager, Optimizer(manager, optimizer), store
 
 
-def time_waits(manager) -> dict:
+def time_waits(manager) -> tuple[dict, dict]:
     """Instrumentation, not lesson: wrap the manager's calls so that each adds its seconds to
-    the returned dict (the step loop logs and clears it every step): ``quorum``, the waits for
-    the step's quorum (``wait_quorum``: the lighthouse's answer, the process group reconfigured,
-    a heal's state received, or copied for the checkpoint server whose own thread serves it);
-    ``allreduce``, the waits on the gradients' all-reduce (``work.wait()``: the transfer, and a
-    peer that has not reached its all-reduce yet); ``commit``, the commit vote (``should_commit``;
-    a healing group loads the state there, a sending one waits for a read still in progress
-    before it closes its checkpoint server)."""
-    spent = {"quorum": 0.0, "allreduce": 0.0, "commit": 0.0}
+    the first returned dict (the step loop logs and clears it every step): ``quorum``, the waits
+    for the step's quorum (``wait_quorum``, which ``manager.allreduce`` also calls first: the
+    lighthouse's answer, the process group reconfigured, and for a healing group the whole state
+    received, ``recv_checkpoint`` running to its end in the quorum's thread; a sending group
+    only hands its state to its checkpoint server there, whose own thread serves the read: on
+    CPU the tensors themselves, torchft copies them only from a GPU); ``allreduce``, the waits on
+    the gradients' all-reduce (``work.wait()``: the transfer, and a peer that has not reached its
+    all-reduce yet: a healing peer reaches it only once it holds the state); ``commit``, the
+    commit vote (``should_commit``; a healing group loads the received state there, a sending
+    one closes its checkpoint server after the vote). The second dict holds moments, for the
+    order of the heal: ``received_t`` (the state received), ``allreduce_done_t`` (the step's
+    last all-reduce wait returned) and ``commit_begun_t`` (the vote called)."""
+    spent, marks = {"quorum": 0.0, "allreduce": 0.0, "commit": 0.0}, {}
 
-    def timed(name, call):
+    def timed(name, call, mark=None):
         def wrapper(*args, **kwargs):
             begun = time.time()
+            if mark == "begun":
+                marks[f"{name}_begun_t"] = begun
             try:
                 return call(*args, **kwargs)
             finally:
                 spent[name] += time.time() - begun
+                if mark == "done":
+                    marks[f"{name}_done_t"] = time.time()
         return wrapper
-    allreduce = manager.allreduce
+    allreduce, transport = manager.allreduce, manager._checkpoint_transport
+    receive = transport.recv_checkpoint
 
     def allreduce_timed(*args, **kwargs):
         work = allreduce(*args, **kwargs)
-        work.wait = timed("allreduce", work.wait)
+        work.wait = timed("allreduce", work.wait, mark="done")
         return work
+
+    def receive_marked(*args, **kwargs):
+        state = receive(*args, **kwargs)
+        marks["received_t"] = time.time()
+        return state
     manager.wait_quorum = timed("quorum", manager.wait_quorum)
-    manager.should_commit = timed("commit", manager.should_commit)
+    manager.should_commit = timed("commit", manager.should_commit, mark="begun")
     manager.allreduce = allreduce_timed
-    return spent
+    transport.recv_checkpoint = receive_marked
+    return spent, marks
 
 
 def train(args) -> None:
     log = common.StepLog(args.log)
     dataset = common.task()
     model, optimizer, manager, ft_optimizer, _store = build(args)
-    spent = time_waits(manager)
+    spent, marks = time_waits(manager)
     per_group = args.batch_size // args.replicas
     if args.kill_at_step and args.attempt == 0:
         faults.die_in_torchft_allreduce(manager, args.kill_at_step, log, per_group, args.replica)
@@ -127,6 +143,7 @@ def train(args) -> None:
         while True:
             begun = time.time()
             spent.update(dict.fromkeys(spent, 0.0))
+            marks.clear()
             step, loss = step_once(manager, model, ft_optimizer, dataset, args)
             done = manager.current_step()
             committed, everyone = done > step, manager.num_participants() == args.replicas
@@ -134,7 +151,7 @@ def train(args) -> None:
             log.write(event="step", replica=args.replica, attempt=args.attempt, before=step, step=done,
                       committed=committed, participants=manager.num_participants(), samples=per_group,
                       used=committed and manager.is_participating(), begun=begun, loss=loss.item(),
-                      **{f"{name}_s": seconds for name, seconds in spent.items()})
+                      **{f"{name}_s": seconds for name, seconds in spent.items()}, **marks)
             if args.replica == 0 and committed and done % args.eval_every == 0:
                 log.write(event="eval", step=done, eval_loss=common.eval_loss(model, dataset))
             time.sleep(max(0.0, args.step_seconds - (time.time() - begun)))   # a bigger model's compute

@@ -123,7 +123,8 @@ def run(replicas: int = 2, steps: int = 40, kill_at: int = 10, victim: int = 1,
             for r, p in list(procs.items()):
                 # killed by the drill: started again once the others went on without it, a choice
                 # of this harness (a replacement node after the heartbeat timeout; torchrun's
-                # restart in compare.py gets its worker back at once): run() reports both moments
+                # restart in compare.py relaunches its workers as soon as its agent sees the
+                # failure, which takes seconds too): run() reports both moments
                 if p.exitcode == -9 and r not in restarted and _went_on_alone(logs, r, replicas):
                     restarted[r] = time.time()
                     launch(r, 1)

@@ -179,6 +179,19 @@ def loss_at_step(evals: list, step: int) -> dict:
         {"seconds": 0.0, "step": 0, "eval_loss": float("nan")}
 
 
+def heal_order(events: dict, victim: int, heal_step) -> dict:
+    """The moments of the heal step, from the logs (ft_replica.time_waits): when the returning
+    group had received the state, when the first survivor's last all-reduce wait of that step
+    returned, and when its commit vote began (None where not logged)."""
+    survivor = min(r for r in events if r != victim)
+
+    def at(r):
+        return next((e for e in _steps(events[r]) if e["committed"] and e["step"] == heal_step), {})
+    back, peer = at(victim), at(survivor)
+    return {"received": back.get("received_t"), "allreduce_done": peer.get("allreduce_done_t"),
+            "commit_begun": peer.get("commit_begun_t")}
+
+
 def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
     """``events``: replica group -> its log. The survivors keep the job going; the victim heals."""
     kill = _kill(events)
@@ -210,6 +223,7 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "seconds_without_progress": after[0]["t"] - kill["t"],
             "discarded": sum(1 for e in mine if not e["committed"] and e["t"] > kill["t"]),
             "heal_step": healed[0]["step"] if healed else None,
+            "heal_order": heal_order(events, victim, healed[0]["step"]) if healed else None,
             "healed_from_peer": bool(healed), "bitwise_equal": bitwise,
             "heal_bitwise_equal": bool(healed) and bitwise,
             # steps committed by the survivors alone before the heal step (in the heal step the
@@ -260,6 +274,9 @@ def restart_metrics(events: dict, batch_size: int) -> dict:
             "steps_lost": kill["step"] - start,
             "seconds_without_progress": again[0]["t"] - kill["t"],
             "seconds_to_catch_up": caught_up["t"] - kill["t"],
+            # Daly's R: from the kill until work resumes (the restarted workers have read the snapshot)
+            "seconds_to_resume": min((e["t"] for e in resumed if e.get("attempt", 1) >= 1),
+                                     default=again[0]["begun"]) - kill["t"],
             "snapshot_seconds": _median(snaps), "commits": commits, "trained": trained,
             "step_seconds": _step_seconds(commits, start),
             "samples_trained": n_trained, "samples_thrown_away": computed - n_trained,

@@ -7,8 +7,9 @@ The same model, data and batches as the per-step fault-tolerant run (common.py),
 a snapshot every K steps (checkpoint.save_snapshot, notebook 07); on the first attempt rank 1
 SIGKILLs itself inside its gradient all-reduce once N steps are done (resilience/faults.py), so
 the step in flight is lost as well; torchrun stops the other rank and starts both again
-(--max-restarts, as above; compare.py instead starts a new job, as a Slurm requeue would, with
---attempt 1 --kill-at-step 0); they read the snapshot and redo the steps since it. Every rank
+(--max-restarts, as above and as compare.py runs it; a Slurm requeue would instead start a new
+job, which --attempt 1 --kill-at-step 0 stands for); they read the snapshot and redo the steps
+since it. Every rank
 logs each finished step, the snapshot's cost and the resume with the wall-clock time, rank 0
 the eval loss after every step (recovery.py reads them).
 """
