@@ -5,7 +5,7 @@ from source_code.launch import job_control
 
 
 def test_processes_inside_looks_again_until_the_program_runs(monkeypatch):
-    answers = iter(["", "", "4242 python -m source_code.training.single\n12 pgrep -af source_code\n"])
+    answers = iter(["", "", "4242 python -m source_code.training.single \n"])
     calls = []
 
     def fake_run(cmd, **kw):
@@ -16,6 +16,27 @@ def test_processes_inside_looks_again_until_the_program_runs(monkeypatch):
     found = job_control.processes_inside("7", "source_code.training", at_least=1)
     assert found == ["4242 python -m source_code.training.single"] and len(calls) == 3
     assert calls[0][:3] == ["srun", "--overlap", "--jobid=7"]
+
+
+def test_only_the_jobs_own_processes_are_counted_not_a_namesake_of_another_job():
+    import os
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "nb06-namesake-probe"]
+    ours = subprocess.Popen(sleeper, env={**env, "SLURM_JOB_ID": "4242"})
+    other = subprocess.Popen(sleeper, env={**env, "SLURM_JOB_ID": "42420"})
+    try:
+        for _ in range(100):   # until both have exec'd (their command lines are there)
+            seen = subprocess.run(["pgrep", "-f", "nb06-namesake-probe"], capture_output=True, text=True).stdout.split()
+            if {str(ours.pid), str(other.pid)} <= set(seen):
+                break
+            job_control.time.sleep(0.05)
+        found = subprocess.run(["bash", "-c", job_control._OF_THIS_JOB, "of-this-job", "nb06-namesake-probe"],
+                               capture_output=True, text=True, env={**env, "SLURM_JOB_ID": "4242"}).stdout
+        assert [ln.split()[0] for ln in found.splitlines()] == [str(ours.pid)], found
+        assert "nb06-namesake-probe" in found
+    finally:
+        ours.kill(), other.kill(), ours.wait(), other.wait()
 
 
 def test_processes_inside_returns_what_is_there_after_its_timeout(monkeypatch):

@@ -36,6 +36,10 @@ WRONG = {
     "no rendezvous backend": (SCRIPT.replace("--rdzv-backend=c10d ", ""), "default rendezvous backend (static)"),
     "an account": (SCRIPT.replace("#SBATCH --time", "#SBATCH --account=project_2001234\n#SBATCH --time"),
                    "SBATCH_ACCOUNT"),
+    # read right without a cluster too: the counts torchrun is given (a cluster would run 2 of 4)
+    "one node in the rendezvous": (SCRIPT.replace('--nnodes="$SLURM_JOB_NUM_NODES"', "--nnodes=1"), "--nnodes=1:"),
+    "one process a node": (SCRIPT.replace("--nproc-per-node=2", "--nproc-per-node=1"), "--nproc-per-node=1:"),
+    "torchrun's default process count": (SCRIPT.replace("--nproc-per-node=2 ", ""), "torchrun default"),
 }
 
 
@@ -48,6 +52,10 @@ RIGHT = {
                                            .replace("--rdzv-endpoint", "--rdzv_endpoint").replace("--rdzv-id", "--rdzv_id"),
     "--rdzv-backend='c10d' (single quotes)": SCRIPT.replace("--rdzv-backend=c10d", "--rdzv-backend='c10d'"),
     "--rdzv-backend \"c10d\" (space form, double quotes)": SCRIPT.replace("--rdzv-backend=c10d", '--rdzv-backend "c10d"'),
+    "--nnodes=2 typed, --nproc_per_node 2": SCRIPT.replace('--nnodes="$SLURM_JOB_NUM_NODES"', "--nnodes=2")
+                                                  .replace("--nproc-per-node=2", "--nproc_per_node 2"),
+    "--nnodes 2:2 (elastic form)": SCRIPT.replace(
+        '--nnodes="$SLURM_JOB_NUM_NODES"', "--nnodes 2:2"),
     "static rendezvous, node rank from each task's shell": SCRIPT.replace(
         'srun torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=2 \\\n'
         '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\\n'

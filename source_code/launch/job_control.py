@@ -57,15 +57,27 @@ def inside(job_id: str, *command: str) -> str:
     return _run(["srun", "--overlap", f"--jobid={job_id}", "--ntasks=1", "--nodes=1", *command])
 
 
+# run inside the job: "PID command line" of each process matching $1 whose environment holds this
+# job's id (Slurm sets SLURM_JOB_ID in every process of a job), the looking shell itself left out
+_OF_THIS_JOB = r"""for p in $(pgrep -f -- "$1"); do
+    [ "$p" = "$$" ] && continue
+    grep -qxz "SLURM_JOB_ID=$SLURM_JOB_ID" "/proc/$p/environ" 2>/dev/null \
+        && echo "$p $(tr '\0' ' ' < "/proc/$p/cmdline")"
+done; true"""
+
+
 def processes_inside(job_id: str, pattern: str, at_least: int = 0, timeout: float = 60) -> list[str]:
-    """The command lines matching ``pattern`` that run on the job's first node. ``at_least``:
-    look again until that many run (a job that has just turned RUNNING may not have started its
-    program yet), for at most ``timeout`` seconds; then return what is there."""
+    """"PID command line" of the processes matching ``pattern`` that run on the job's first node
+    and belong to the job (their environment's SLURM_JOB_ID, not a name: another job's program of
+    the same name is not counted). ``at_least``: look again until that many run (a job that has
+    just turned RUNNING may not have started its program yet), for at most ``timeout`` seconds;
+    then return what is there."""
     start = time.time()
     while True:
         done = subprocess.run(["srun", "--overlap", f"--jobid={job_id}", "--ntasks=1", "--nodes=1",
-                               "pgrep", "-af", pattern], capture_output=True, text=True, timeout=60)
-        found = [ln for ln in done.stdout.splitlines() if "pgrep" not in ln]
+                               "bash", "-c", _OF_THIS_JOB, "of-this-job", pattern],
+                              capture_output=True, text=True, timeout=60)
+        found = [ln.rstrip() for ln in done.stdout.splitlines() if ln.strip()]
         if len(found) >= at_least or time.time() - start > timeout:
             return found
         time.sleep(0.5)

@@ -111,9 +111,23 @@ def read_problems(script: str) -> list[str]:
     if _node_rank_of_the_batch_shell(launch):
         problems.append("--node-rank: which shell expands that $ variable, the batch shell on the first "
                         "node or a shell in each task? (section 12)")
-    if not re.search(r"--nnodes[= ]", launch):
+    nnodes, nproc = _value(launch, "--nnodes"), _value(launch, "--nproc-per-node")
+    if nnodes is None:
         problems.append("tell torchrun how many nodes take part (Slurm sets a variable with the job's node count)")
+    elif "$" not in nnodes and set(nnodes.split(":")) != {"2"}:
+        problems.append(f"--nnodes={nnodes}: the rendezvous takes that many nodes, and the job has two "
+                        "(Slurm sets a variable with the job's node count)")
+    if nproc is None or ("$" not in nproc and nproc != "2"):
+        problems.append(f"--nproc-per-node={nproc or '1 (torchrun default)'}: 4 processes on 2 nodes "
+                        "need how many on each?")
     return problems
+
+
+def _value(launch: str, option: str) -> str | None:
+    """The value torchrun's ``option`` has on the launch line, quotes taken off (None: not given).
+    A value that is a variable keeps its ``$``: the check cannot know it and lets it pass."""
+    found = re.findall(rf"{option}(?:=|\s+)(\S+)", launch)
+    return found[-1].strip("'\"\\") if found else None
 
 
 def _node_rank_of_the_batch_shell(launch: str) -> bool:

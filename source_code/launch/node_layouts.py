@@ -7,8 +7,9 @@ Each layout gives every local rank the variables Slurm and the job script set fo
 torch would show it (``Gpus``: how many devices, which physical ones by UUID). The table says
 which device each rank takes, how many of the node's GPUs the job uses, and the policy's note or
 error where the layout is wrong. Two ways are right on a GPU node: one torchrun per node whose
-workers all see every GPU (``cuda:LOCAL_RANK``), or one Slurm task per GPU that sees only its own
-(``cuda:0`` in every task, a different GPU behind each).
+workers all see every GPU (``cuda:LOCAL_RANK``), or one Slurm task per GPU: bound by srun, each
+sees only its own (``cuda:0`` in every task, a different GPU behind each); unbound, as in the
+workshop's srun script, each sees them all and takes ``cuda:SLURM_LOCALID``.
 """
 from __future__ import annotations
 
@@ -46,14 +47,18 @@ def _gpus(kind: Gpus, ids) -> Gpus:
 def layouts() -> list[Layout]:
     four, eight = tuple(range(4)), tuple(range(8))
     lumi = {"SLURM_GPUS_ON_NODE": "8"}
-    mahti = {"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    jureca = {"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     return [
-        Layout("torchrun per node (Mahti, Puhti)", "--gres=gpu:a100:4; one Slurm task per node runs torchrun "
-               "--nproc-per-node=4", tuple({**mahti, "LOCAL_RANK": str(i)} for i in four), (four,) * 4, 4),
-        Layout("one task per GPU (Mahti)", "srun --ntasks-per-node=4 --gpus-per-task=1",
+        Layout("torchrun per node (JURECA)", "--gres=gpu:4; one Slurm task per node runs torchrun "
+               "--nproc-per-node=4", tuple({**jureca, "LOCAL_RANK": str(i)} for i in four), (four,) * 4, 4),
+        Layout("one task per GPU, bound by srun (JURECA)", "srun --ntasks-per-node=4 --gpus-per-task=1",
                tuple({"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_TASK": "1", "SLURM_LOCALID": str(i),
                       "SLURM_STEP_NUM_TASKS": "4", "CUDA_VISIBLE_DEVICES": "0"} for i in four),
                tuple((i,) for i in four), 4),
+        Layout("one task per GPU, unbound (the workshop's srun script)", "--gres=gpu:4; srun "
+               "--ntasks-per-node=4 python ...  (no GPU binding: every task sees the node's 4)",
+               tuple({**jureca, "SLURM_LOCALID": str(i), "SLURM_STEP_NUM_TASKS": "4"} for i in four),
+               (four,) * 4, 4),
         Layout("torchrun per node (LUMI)", "--gpus-per-node=8; one Slurm task per node runs torchrun "
                "--nproc-per-node=8", tuple({**lumi, "LOCAL_RANK": str(i)} for i in eight), (eight,) * 8, 8,
                MI250X),
@@ -62,7 +67,7 @@ def layouts() -> list[Layout]:
                tuple({**lumi, "SLURM_LOCALID": str(i), "ROCR_VISIBLE_DEVICES": str(i)} for i in eight),
                tuple((i,) for i in eight), 8, MI250X),
         Layout("wrong: one python process for 4 GPUs", "--gres=gpu:a100:4; python train.py",
-               ({**mahti},), (four,), 4),
+               ({**jureca},), (four,), 4),
         Layout("wrong: CUDA_VISIBLE_DEVICES=0 exported for every task", "export CUDA_VISIBLE_DEVICES=0; "
                "srun --ntasks-per-node=4 python ...",
                tuple({"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0", "SLURM_LOCALID": str(i)}

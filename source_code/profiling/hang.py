@@ -11,7 +11,9 @@ rank 1 waits in the barrier. Without a timeout that wait lasts 30 minutes (gloo'
 is 10): here ``--timeout`` seconds, then each rank reports, dumps its flight recorder
 (TORCH_FR_BUFFER_SIZE) and writes what it saw (result_rankN.json), and rank 0 compares the
 dumps. The process exits 0 when the drill went
-as designed (the summary says hang_detected=1); a real job would stop with an error there.
+as designed (the summary says hang_detected=1); a real job would stop with an error there. The
+summary's mismatch_at is the recorders' first mismatched collective, counted from 1; 0 says
+they show none (they agree, or nothing was dumped).
 
 The drill runs on the CPU with gloo on every machine, also inside a GPU job: ``main`` sets
 ``WORKSHOP_DEVICE=cpu`` (the device policy's own switch) before the group forms, and says so
