@@ -104,8 +104,8 @@ else:                                   # a build without its metadata: ask torc
     version = torch.__version__
 if tuple(map(int, re.match(r"(\d+)\.(\d+)", version).groups())) < (2, 6):
     sys.exit("error: torch %s is too old, the workshop needs torch >= 2.6: load a newer PyTorch "
-             "module (PYTORCH_MODULE=pytorch/<version>) or use the workshop venv (WORKSHOP_VENV)"
-             % version)
+             "module (PYTORCH_MODULE=pytorch/<version>; LUMI: a newer image, LUMI_SIF=<image>) or "
+             "use the workshop venv (WORKSHOP_VENV)" % version)
 if importlib.util.find_spec("source_code") is None:
     sys.exit("error: cannot import source_code from %s; submit from the repository root "
              "or export WORKSHOP_ROOT" % (sys.path[0] or "."))

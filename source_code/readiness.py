@@ -126,7 +126,7 @@ def check_slurm(args) -> str:
         return "sbatch found: the workshop's local test cluster; jobs use the local profile"
     if not site:  # a real login node: the local profile's partition and sizes would be wrong
         raise AssertionError("sbatch found but WORKSHOP_SITE is unset: export WORKSHOP_SITE=<one of "
-                             f"{', '.join(s for s in site_profiles.sites() if s != 'local')}> (slurm/sites/)")
+                             f"{', '.join(site_profiles.current_sites())}> (slurm/sites/)")
     profile = site_profiles.load(site)
     return f"sbatch found; WORKSHOP_SITE={site}: {profile.name}, {profile.gpus_per_node} GPUs a node"
 

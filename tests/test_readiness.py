@@ -40,7 +40,7 @@ def test_a_login_node_without_a_site_profile_is_told_to_name_one(monkeypatch, ca
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")  # a real site's configuration
     assert readiness.main(["--only", "Slurm and site"]) == 1
     out = capsys.readouterr().out
-    assert "export WORKSHOP_SITE=<one of jureca, local-gpu, lumi, mahti, puhti>" in out, out
+    assert "export WORKSHOP_SITE=<one of jureca, lumi, roihu>" in out, out
 
 
 def test_the_local_test_cluster_needs_no_site_profile(monkeypatch, capsys, tmp_path):

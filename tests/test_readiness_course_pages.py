@@ -14,7 +14,7 @@ from source_code.launch import site_profiles, site_step
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 PAGES = ["PRE_COURSE_MESSAGE.md", "LAB_ON_A_CLUSTER.md", "SLOW_QUEUE.md", "COURSE_DAY.md"]
-SITES = [s for s in site_profiles.sites() if not s.startswith("local")]
+SITES = site_profiles.current_sites()   # no test cluster, no retired system
 
 
 def text(name):

@@ -20,13 +20,14 @@ def opts(site, gpus, launcher="torchrun"):
 
 
 def test_every_required_site_has_a_profile():
-    assert {"puhti", "mahti", "lumi", "jureca", "local"} <= set(sp.sites())
+    assert {"roihu", "puhti", "mahti", "lumi", "jureca", "local"} <= set(sp.sites())
     for key in sp.sites():
         site = sp.load(key)
         assert site.partition and site.gpus_per_node > 0 and site.environment
 
 
 @pytest.mark.parametrize("site,gres", [("puhti", "gres=gpu:v100:4"), ("mahti", "gres=gpu:a100:4"),
+                                       ("roihu", "gres=gpu:gh200:4"),
                                        ("jureca", "gres=gpu:4"), ("lumi", "gpus-per-node=8")])
 def test_gpu_request_syntax_per_site(site, gres):
     gpus = sp.load(site).gpus_per_node
@@ -116,6 +117,11 @@ def test_profiles_are_valid_shell_with_a_site_environment_function():
 #   cores available on LUMI-G", 8 GCDs per node); memory: the LUMI AI Guide's job scripts,
 #   https://github.com/Lumi-supercomputer/LUMI-AI-Guide/tree/main/05-multi-gpu-and-node
 #   (--mem=480G for a whole node, --mem-per-gpu=60G).
+# Roihu: https://docs.csc.fi/computing/running/batch-job-partitions/ ("Roihu GPU partitions":
+#   gputest 15 min, 1-2 nodes, 4 GPUs a node; gpumedium 36 h, 1-4 nodes, 4 GPUs a job; gpularge
+#   36 h, 1-10 nodes, 4 GPUs a node, after a scalability test; each reserved GPU up to 72 cores and
+#   217 GiB, allocation type G: both fixed by the GPU count); creating-job-scripts-roihu.md
+#   (--gres=gpu:gh200:<GPUs per node>); apps/pytorch.md (module python-pytorch on Roihu-GPU).
 # JURECA-DC: whole nodes of 4 GPUs (--gres=gpu:4) and 128 cores, as in JSC's course job scripts,
 #   https://github.com/HelmholtzAI-FZJ/2025-12-course-Bringing-Deep-Learning-Workloads-to-JSC-supercomputers
 LIMITS = {
@@ -127,6 +133,9 @@ LIMITS = {
     "lumi": {"gpus_per_node": 8, "cores_per_gpu": 7, "cores_per_node": 56, "mem_per_gpu": 60,
              "partitions": {"standard-g": (8 * 1024, 1024, 2 * 24 * 60, 480),
                             "small-g": (8 * 4, 4, 3 * 24 * 60, 480), "dev-g": (8 * 32, 32, 180, 480)}},
+    "roihu": {"gpus_per_node": 4, "cores_per_gpu": 72, "cores_per_node": 288,
+              "partitions": {"gpumedium": (4, 4, 36 * 60, None, "GPUs a job"), "gpularge": (40, 10, 36 * 60, None),
+                             "gputest": (8, 2, 15, None)}},
     "jureca": {"gpus_per_node": 4, "cores_per_gpu": 32, "cores_per_node": 128,
                "partitions": {"dc-gpu": (None,) * 4, "dc-gpu-devel": (None,) * 4}},
 }
@@ -160,7 +169,7 @@ def test_generated_headers_stay_within_the_documented_limits(site):
         cores = int(o["cpus-per-task"]) * tasks
         assert cores <= lim["cores_per_node"] and cores <= lim["cores_per_gpu"] * per_node, (site, gpus, o)
         assert o["partition"] in lim["partitions"], (site, gpus, o)
-        max_gpus, max_nodes, max_minutes, max_mem = lim["partitions"][o["partition"]]
+        max_gpus, max_nodes, max_minutes, max_mem = lim["partitions"][o["partition"]][:4]
         if max_gpus is not None:
             assert gpus <= max_gpus and nodes <= max_nodes, (site, gpus, o)
             assert sp.minutes(o["time"]) <= max_minutes, (site, gpus, o)
@@ -169,7 +178,28 @@ def test_generated_headers_stay_within_the_documented_limits(site):
             assert max_mem is not None and mem <= max_mem, (site, gpus, o)
             assert mem / per_node <= lim.get("mem_per_gpu", mem), (site, gpus, o)
         else:
-            assert site == "jureca", "only whole-node sites may leave the memory out"
+            # whole nodes (JURECA), or memory fixed by the GPU count (Roihu's allocation type G)
+            assert site in ("jureca", "roihu"), "only these sites may leave the memory out"
+
+
+def test_roihu_asks_for_gh200s_by_the_node_in_the_partition_its_size_needs():
+    o = opts("roihu", 2)
+    assert (o["partition"], o["gres"], o["cpus-per-task"]) == ("gpumedium", "gpu:gh200:2", "144")
+    assert "mem" not in o                                   # fixed per GPU: 217 GiB each
+    assert opts("roihu", 8)["partition"] == "gpularge" and opts("roihu", 8)["nodes"] == "2"
+    assert "python-pytorch" in sp.load("roihu").environment  # the module's name on Roihu-GPU
+    pairs = dict(site_step.exports("roihu", "project_x"))
+    assert (pairs["SBATCH_PARTITION"], pairs["SBATCH_GRES"]) == ("gpumedium", "gpu:gh200:4")
+    assert "SBATCH_MEM_PER_GPU" not in pairs
+    assert dict(site_step.exports("roihu", "project_x", test=True))["SBATCH_PARTITION"] == "gputest"
+
+
+def test_retired_sites_are_marked_and_left_out_of_what_a_course_is_offered():
+    assert sp.load("puhti").retired and sp.load("mahti").retired and not sp.load("roihu").retired
+    assert sp.current_sites() == ["jureca", "lumi", "roihu"]
+    out = subprocess.run([sys.executable, "-m", "source_code.launch.site_profiles", "--list"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^puhti .*\(retired: compute services closed on 31 Jul 2026: use roihu\)$", out, re.M)
 
 
 def test_puhti_full_node_memory_is_below_the_partition_maximum_not_the_installed_384g():
@@ -215,11 +245,28 @@ def test_lumi_runs_in_the_given_container_with_cores_bound_to_each_gcd(tmp_path)
     assert per_node[-6:] == ["--no-python", "bash", f"{ROOT}/slurm/bind_local_rank.sh", "python3", "-m",
                              "source_code.training.ddp"]
     assert any(a.startswith("--cpu-bind=mask_cpu:0xfe000000000000,") for a in per_gpu)
-    # a partial node (4 tasks): no masks, Slurm's own placement
-    _, (_, per_gpu4), _ = compose("lumi", tasks_per_node=4)
-    assert not any(a.startswith("--cpu-bind") for a in per_gpu4)
+    # a partial node (4 tasks): no masks, Slurm's own placement; LUMI_SIF picks the image
+    _, (per_node4, per_gpu4), _ = compose("lumi", {"LUMI_SIF": str(image), "CONTAINER_RUNTIME": "true"},
+                                          tasks_per_node=4)
+    assert not any(a.startswith("--cpu-bind") for a in per_gpu4) and str(image) in per_node4
     rc, _, err = compose("lumi", {"WORKSHOP_CONTAINER": str(tmp_path / "missing.sif")})
     assert rc == 2 and "is not a file" in err
+
+
+def test_lumi_runs_the_ai_factory_container_with_torch_new_enough_for_day_2_not_cscs_module():
+    env = sp.load("lumi").environment
+    assert "/appl/local/csc" not in env and "lumi-aif-singularity-bindings" in env
+    text = (sp.SITES_DIR / "lumi.sh").read_text()
+    image = re.search(r"^LUMI_SIF_DEFAULT=(\S+)$", text, re.M).group(1)
+    # the release name's tNNN is its torch: 2.10 or newer, what day 2's notebooks need
+    major, minor = re.search(r"/lumi-multitorch-full-u\d+r\d+f\d+m\d+t(\d)(\d+)-\d{8}_\d{6}\.sif$", image).groups()
+    assert (int(major), int(minor)) >= (2, 10), image
+    # without a container of the shell's own, every launch runs in that image
+    rc, lines, err = compose("lumi", {"CONTAINER_RUNTIME": "true"})
+    if not os.path.exists(image):                        # the image exists on LUMI only
+        assert rc == 2 and f"WORKSHOP_CONTAINER={image} is not a file" in err, err
+    else:
+        assert image in lines[0]
 
 
 def test_csc_wrapper_command_runs_the_launch_in_the_module_container():
@@ -361,6 +408,7 @@ def test_site_step_replaces_an_earlier_sites_variables_and_names_the_fix_for_bad
     (["--site", "mahti", "--gpus", "32"], "Mahti's partition gpumedium takes at most 6 node(s) for 36 h"),
     (["--site", "lumi", "--gpus", "8", "--time", "3-00:00:00"],
      "LUMI's partition standard-g takes at most 1024 node(s) for 2 days; this asks for 1 node(s) for 3 days"),
+    (["--site", "roihu", "--gpus", "44"], "Roihu's partition gpularge takes at most 10 node(s) for 36 h"),
     (["--site", "lumi", "--gpus", "40"], "LUMI's partition standard-g"),   # 5 nodes: fits
     (["--site", "lumi", "--gpus", "7", "--time", "4-00:00:00"], "LUMI's partition small-g takes at most 4 node(s) for 3 days"),
 ])
@@ -386,6 +434,9 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_",
      "Puhti's partition gputest takes at most 2 node(s) for 15 min; this job asks for 2 node(s) for 1 h"),
     ("--site puhti --account p --test --time 00:10:00", ["sbatch", "-N", "3", "slurm/ddp_multinode.slurm"],
      "this job asks for 3 node(s) for 10 min"),
+    ("--site roihu --account p", ["sbatch", "slurm/ddp_multinode.slurm"],
+     "Roihu's partition gpumedium takes at most 1 node(s) for 36 h; this job asks for 2 node(s)"),
+    ("--site roihu --account p --test", ["sbatch", "slurm/ddp_multinode.slurm"], None),
     ("--site lumi --account p --gpus-per-node 2", ["sbatch", "-N8", "slurm/ddp_multinode.slurm"],
      "LUMI's partition small-g takes at most 4 node(s)"),
     ("--site lumi --account p --gpus-per-node 2", ["sbatch", "-p", "standard-g", "-N8", "slurm/ddp_multinode.slurm"], None),
@@ -422,7 +473,10 @@ def test_every_partition_a_profile_names_has_its_limits():
                 for part, max_nodes, max_time in site.limits:
                     doc = lim["partitions"][part]
                     if doc[1] is not None:
-                        assert (max_nodes, sp.minutes(max_time)) == (doc[1], doc[2]), (key, part)
+                        # a limit of GPUs a job (Roihu's gpumedium): nodes of the site step's whole
+                        # node request
+                        nodes = min(doc[1], doc[0] // lim["gpus_per_node"]) if doc[4:] else doc[1]
+                        assert (max_nodes, sp.minutes(max_time)) == (nodes, doc[2]), (key, part)
 
 
 def job_script_env(**env):

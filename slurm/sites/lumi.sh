@@ -24,10 +24,23 @@ SITE_MAX_MEM_PER_GPU_GB=60
 SITE_CPU_MASKS="0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000"
 SITE_CONTAINER_RUNTIME=singularity
 
+# The course's PyTorch: the LUMI AI Factory's container (LUMI's "AI Software Environment"
+# page). CSC's PyTorch modules for LUMI (/appl/local/csc/modulefiles) stop at torch 2.7.1, have
+# no Slingshot support since LUMI's January 2026 drivers, and CSC calls them deprecated in
+# favour of these containers. LUMI_SIF picks the image; `ls /appl/local/laifs/containers/` lists
+# the releases (the name's tNNN is the torch version: t210 = 2.10, which day 2 needs).
+LUMI_SIF_DEFAULT=/appl/local/laifs/containers/lumi-multitorch-u24r70f21m50t210-20260415_130625/lumi-multitorch-full-u24r70f21m50t210-20260415_130625.sif
+
 site_environment() {
     module purge
-    module use /appl/local/csc/modulefiles
-    module load "${PYTORCH_MODULE:-pytorch}"
+    # the container's bindings to the Slingshot network (RCCL's OFI plugin) and the file systems
+    module use /appl/local/laifs/modules
+    module load lumi-aif-singularity-bindings
+    # every launch runs inside the image (slurm/launch.sh: singularity exec --bind <repository>),
+    # unless the submitting shell named another container or a wrapper command
+    if [ -z "${WORKSHOP_CONTAINER:-}${WORKSHOP_CONTAINER_EXEC:-}" ]; then
+        export WORKSHOP_CONTAINER="${LUMI_SIF:-$LUMI_SIF_DEFAULT}"
+    fi
     # Slingshot-11: RCCL must use the high-speed interfaces, not the management network
     export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
     # the gloo half of the mixed backend (cpu:gloo,cuda:nccl: losses, checks, barriers on CPU
@@ -39,9 +52,10 @@ site_environment() {
     export MIOPEN_USER_DB_PATH="/tmp/${USER:-user}-miopen-cache-${SLURM_JOB_ID:-0}"
     export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
     export SITE_NODE_DIRS="$MIOPEN_USER_DB_PATH"
-    # Is RCCL on Slingshot through the OFI plugin (aws-ofi-rccl)? Submit once with
-    # RCCL_CHECK=1: the log must show "NET/OFI Using aws-ofi-rccl" and "NET/OFI Selected
-    # Provider is cxi"; "NET/Socket" means the plugin did not load (slow TCP fallback).
+    # Is RCCL on Slingshot through the container's OFI plugin (aws-ofi-nccl, built for ROCm)?
+    # Submit once with RCCL_CHECK=1: the log must show "NET/OFI Initializing aws-ofi-nccl" and
+    # "NET/OFI Selected provider is cxi" (older plugins write "Provider"); "NET/Socket" as the
+    # transport means the plugin did not load (slow TCP fallback).
     if [ -n "${RCCL_CHECK:-}" ]; then
         export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
     fi

@@ -1,8 +1,12 @@
+# RETIRED: Mahti's compute services closed on 31 Aug 2026 (CSC's "Systems" page); Roihu replaces
+# it (slurm/sites/roihu.sh). Kept as a worked example of a site whose partition follows the GPU
+# count (notebook 06 uses it); no course page sends anyone here.
 # Mahti (CSC, Finland): GPU nodes with 4 x NVIDIA A100 (40 GB), 128 CPU cores, 490 GiB memory
 # for jobs (122.5 GiB per reserved GPU). See tests/test_site_profiles.py for the documented
 # limits and their source.
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
 SITE_NAME="Mahti"
+SITE_RETIRED="compute services closed on 31 Aug 2026: use roihu"
 SITE_PARTITION=gpusmall              # 1-2 GPUs of one node, up to 36 h
 SITE_PARTITION_MAX_GPUS=2
 SITE_PARTITION_FULL_NODES=gpumedium  # larger jobs: all 4 GPUs of each node, 1-6 nodes; CSC still

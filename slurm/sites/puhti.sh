@@ -1,8 +1,12 @@
+# RETIRED: Puhti's compute services closed on 31 Jul 2026 (CSC's "Systems" page); Roihu replaces
+# it (slurm/sites/roihu.sh). Kept as a worked example of a per-GPU site with a memory request;
+# no course page sends anyone here.
 # Puhti (CSC, Finland): GPU nodes with 4 x NVIDIA V100 (32 GB), 40 CPU cores, 384 GB memory of
 # which a job may request at most 373 GiB per node (partitions gpu and gputest; see
 # tests/test_site_profiles.py for the documented limits and their source).
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
 SITE_NAME="Puhti"
+SITE_RETIRED="compute services closed on 31 Jul 2026: use roihu"
 SITE_PARTITION=gpu                 # 1-20 nodes, up to 3 days
 SITE_PARTITION_MAX_GPUS=80         # every job size goes to the gpu partition
 SITE_PARTITION_TEST=gputest        # short runs: at most 15 min, 2 nodes

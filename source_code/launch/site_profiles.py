@@ -65,6 +65,7 @@ class Site:
     max_mem_per_gpu_gb: int  # with mem_per_node_gb == 0: no --mem line (whole nodes)
     environment: str  # the body of site_environment(): module lines, interconnect variables
     limits: tuple = ()  # (partition, max nodes, max time) from SITE_LIMITS
+    retired: str = ""  # SITE_RETIRED: why no course goes there any more (a worked example only)
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -105,7 +106,13 @@ def load(key: str) -> Site:
                 int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env,
                 tuple((part, int(n), t) for part, _, rest in
                       (item.partition("=") for item in values.get("SITE_LIMITS", "").split())
-                      for n, t in [rest.split("/", 1)]))
+                      for n, t in [rest.split("/", 1)]),
+                values.get("SITE_RETIRED", ""))
+
+
+def current_sites() -> list[str]:
+    """The sites a course can run on: no test cluster, no retired system."""
+    return [key for key in sites() if not key.startswith("local") and not load(key).retired]
 
 
 def check_limits(site: Site, part: str, nodes: int, time: str) -> None:
@@ -265,7 +272,8 @@ def main(argv=None):
         if a.list:
             for key in sites():
                 s = load(key)
-                print(f"{key:8s} {s.name}: {s.gpus_per_node} GPUs/node, partition {s.partition}")
+                print(f"{key:9s} {s.name}: {s.gpus_per_node} GPUs/node, partition {s.partition}"
+                      + (f" (retired: {s.retired})" if s.retired else ""))
             return 0
         if not a.site:
             raise ProfileError(f"error: --site is required; one of: {', '.join(sites())}")

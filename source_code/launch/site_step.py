@@ -218,6 +218,9 @@ def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
     whole = site.partition_full_nodes
     if part == site.partition_test != site.partition:
         fix = f"sbatch --partition={site.partition}, or the site step without --test"
+    elif count > most and part == site.partition != whole and site.partition_max_gpus >= site.gpus_per_node:
+        fix = (f"a course reservation in a partition that takes it, or the site step with --test "
+               f"({site.partition_test})")           # Roihu: gpumedium takes 4 GPUs a job in all
     elif count > most and part == site.partition != whole:
         fix = f"the site step with --gpus-per-node {site.gpus_per_node} picks {whole}"
     elif count <= most:
