@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from source_code.capstone import matrix
 from source_code.errors import LaunchError
@@ -100,3 +101,58 @@ def test_choose_entry_point_refuses_before_starting_processes():
     with pytest.raises(LaunchError) as err:
         choose.main(["--world", "4", "--dp", "2", "--cp", "3"])
     assert "not the world size 4" in err.value.message
+
+
+def _measure_holding():
+    """compare.measure on 2 ranks of a model of 4 parameters, three runners: "split" (each rank
+    holds two, as pipeline stages do), "drop" (no rank holds "b.bias"), "none" (returns {}).
+    The verdict of each: its largest weight difference, or the error it raised."""
+    import torch.distributed as dist
+    from source_code.capstone import compare
+    from source_code.capstone.runner import Runner
+    want = {n: torch.full((2,), float(i)) for i, n in enumerate(("a.weight", "a.bias", "b.weight", "b.bias"))}
+    out = {}
+    for which, mine in (("split", list(want)[dist.get_rank()::2]), ("drop", list(want)[:3]), ("none", [])):
+        runner = Runner(step=lambda x, y: 1.0, weights=lambda: {n: want[n].clone() for n in mine})
+        try:
+            out[which] = compare.measure(runner, [(None, None)], {"dense": ([1.0], want)})["param_diff"]
+        except AssertionError as err:
+            out[which] = str(err)
+    return out
+
+
+def test_weight_comparison_fails_on_a_missing_parameter():
+    from source_code import processes
+    from source_code.capstone import compare
+    for got in processes.spawn(_measure_holding, 2, device="cpu", stream=False):
+        assert got["split"] == 0.0, got
+        for which in ("drop", "none"):
+            assert re.search(r"no rank holds .*'b\.bias'", str(got[which])), got
+    with pytest.raises(AssertionError, match="not in the one-process model"):
+        compare.max_diff({"c.weight": torch.zeros(1)}, {"a.weight": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("sizes", [dict(dp_shard=2, tp=4, ep=2), dict(dp_replicate=2, dp_shard=2, tp=2, ep=2),
+                                   dict(pp=2, cp=2, tp=4, ep=4), dict(dp_shard=4, cp=2, ep=4),
+                                   dict(pp=2, dp_replicate=2, cp=2, tp=4, ep=2)])
+def test_expert_gradient_group_of_torchtitans_sparse_mesh(sizes):
+    """Summed over ("dp_replicate", "efsdp"), each expert's gradient is one process's; the dp x cp
+    rule misses the tokens of the tp ranks outside the ep group wherever tp > ep."""
+    from source_code.capstone import expert_groups as g
+    assert g.check(g.expert_grad_group, **sizes) == 0
+    world = g.layouts(**sizes)["sparse"].numel()
+    efsdp = sizes.get("dp_shard", 1) * sizes.get("cp", 1) * sizes.get("tp", 1) // sizes["ep"]
+    assert all(len(g.expert_grad_group(r, **sizes)) == sizes.get("dp_replicate", 1) * efsdp for r in range(world))
+    rule_right = g.check(g.dp_cp_rule, **sizes) == 0
+    assert rule_right == (sizes.get("tp", 1) <= sizes["ep"]), sizes
+
+
+def test_expert_gradient_group_for_dp_shard_2_tp_4_ep_2():
+    from source_code.capstone import expert_groups as g
+    sizes = dict(dp_shard=2, tp=4, ep=2)
+    assert g.ep_group(0, **sizes) == [0, 1]                    # two tp ranks of one dp_shard rank
+    assert g.expert_grad_group(0, **sizes) == [0, 2, 4, 6]     # efsdp = 2 * 4 // 2 = 4 ranks
+    assert g.dp_cp_rule(0, **sizes) == [0, 4]                  # the rule's group: half the tokens
+    assert g.check(g.dp_cp_rule, **sizes) > 0
+    with pytest.raises(ValueError, match="must divide dp_shard"):
+        g.layouts(dp_shard=2, tp=2, ep=8)

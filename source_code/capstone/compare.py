@@ -16,8 +16,21 @@ from source_code.capstone import seed
 
 
 def max_diff(got: dict, want: dict) -> float:
-    """The largest |got - want| over the tensors of ``got`` (names of the one-process model)."""
+    """The largest |got - want| over the tensors of ``got`` (names of the one-process model);
+    a name the one-process model lacks is an error."""
+    unknown = sorted(set(got) - set(want))
+    if unknown:
+        raise AssertionError(f"weights not in the one-process model: {unknown}")
     return max(((got[n] - want[n]).abs().max().item() for n in got), default=0.0)
+
+
+def check_names(held: list, want: dict) -> None:
+    """The ranks' parameter names together (``held``: one collection per rank) are exactly the
+    one-process model's: a runner that drops a parameter, or returns none, fails here."""
+    union = set().union(*map(set, held))
+    missing, unknown = sorted(set(want) - union), sorted(union - set(want))
+    if missing or unknown:
+        raise AssertionError(f"weights compared: no rank holds {missing}; unknown {unknown}")
 
 
 def references(path, data, lr: float, dtype=torch.float32, kinds=("dense", "moe")) -> dict:
@@ -35,11 +48,14 @@ def measure(runner, data, refs: dict, keep: bool = False) -> dict:
     losses = [runner.step(x, y) for x, y in data]
     weights = runner.weights()
     ref_losses, ref_weights = refs[runner.kind]
+    held = [None] * dist.get_world_size()
+    dist.all_gather_object(held, sorted(weights))
+    check_names(held, ref_weights)                   # every rank raises alike: no hang
     diff = torch.tensor([max_diff(weights, ref_weights)], dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     curves = [None] * dist.get_world_size()
     dist.all_gather_object(curves, losses if losses[0] is not None else None)
     curve = next(c for c in curves if c is not None)
     return {"kind": runner.kind, "losses": curve, "param_diff": diff.item(),
-            "loss_diff": max(abs(a - b) for a, b in zip(curve, ref_losses)),
+            "loss_diff": max(abs(a - b) for a, b in zip(curve, ref_losses, strict=True)),
             "weights": weights if keep else None}

@@ -2,8 +2,8 @@
 
 ``handed_step(model, x, y, mesh)`` is one step of a dp x cp job as it is handed over: this
 rank's samples and tokens, the global-count loss, backward, the gradient reductions. Trained
-from the seed checkpoint (matrix row "DP x CP, as handed over") its loss leaves the
-one-process curve. The learner gets that run and a tool:
+from the seed checkpoint beside the matrix (``matrix.run(with_bug=True)["seeded_bug"]``, not a
+row of the matrix) its loss leaves the one-process curve. The learner gets that run and a tool:
 
     report = gradient_report(step)     # one step on a 2 x 2 mesh: per parameter, max |grad - one process|
     show_report(report)                # grouped by kind of parameter (the layers folded)

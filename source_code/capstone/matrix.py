@@ -116,7 +116,9 @@ def run_rows(path, names, steps: dict, batch_size: int, lr: float, kinds=("dense
     controls = [r for r in rows if r["name"] in CONTROLS]
     if len(controls) == 2:   # the same sums in the same order: compared bit for bit
         (a, b) = controls
-        more["order_fixed"] = {"loss_diff": max(abs(u - v) for u, v in zip(a["fp32"]["losses"], b["fp32"]["losses"])),
+        compare.check_names([b["weights"]], a["weights"])
+        pairs = zip(a["fp32"]["losses"], b["fp32"]["losses"], strict=True)
+        more["order_fixed"] = {"loss_diff": max(abs(u - v) for u, v in pairs),
                                "param_diff": compare.max_diff(b["weights"], a["weights"])}
     for r in controls:
         r.pop("weights")     # tensors stay in the process

@@ -158,7 +158,7 @@ def torch_pipeline_case(path, x, y, fixed: bool, group, micro: int = MICRO) -> d
     else:
         schedule = ScheduleGPipe(stage, micro, loss_fn=mean_loss)    # scale_grads=True: / micro
     schedule.step(x) if s == 0 else schedule.step(target=y, losses=[])
-    return {n: q.grad.clone() for n, q in zip(module.source_names, module.parameters())}
+    return {n: q.grad.clone() for n, q in zip(module.source_names, module.parameters(), strict=True)}
 
 
 def ddp_curve(path, data, lr: float, dtype, fixed: bool) -> list[float]:

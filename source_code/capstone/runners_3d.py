@@ -59,7 +59,7 @@ def pp_dp_tp(spec: Spec, pp: int = 2, dp: int = 2, tp: int = 2,
 
     def weights():
         full = full_weights(module)                                    # DTensors gathered over "tp"
-        return dict(zip(module.source_names, full.values()))
+        return dict(zip(module.source_names, full.values(), strict=True))
     return Runner(step, weights)
 
 

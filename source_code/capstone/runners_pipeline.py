@@ -32,7 +32,7 @@ TORCH_SCHEDULES = {"PP GPipe (torch)": "lib-gpipe", "PP 1F1B (torch)": "lib-1f1b
 
 
 def stage_weights(stage) -> dict:
-    return dict(zip(stage.source_names, (q.detach().clone() for q in stage.parameters())))
+    return dict(zip(stage.source_names, (q.detach().clone() for q in stage.parameters()), strict=True))
 
 
 def own(spec: Spec, schedule: str, ranks=None, group=None, dp_group=None, dp_index: int = 0,
