@@ -1,4 +1,5 @@
-"""Reading overlap from a trace (fake events, no processes), and the bf16 policy on the root only.
+"""Reading overlap from a trace (fake events, no processes), the bf16 policy on the root only,
+and what a bf16 running sum loses.
 
     python -m pytest tests/test_sharding_overlap.py
 """
@@ -30,6 +31,9 @@ def test_hidden_time_is_transfer_under_main_thread_computation():
     assert classify.overlap_us(comm, comp) == 10 + 10      # 20-30 and 50-60
     gather, _ = transfer_and_compute(trace, "all_gather")
     assert gather == [(20, 60)]
+    # only the events that start inside the given steps' windows
+    comm, comp = transfer_and_compute(trace, windows=[(0, 50)])
+    assert comm == [(20, 60)] and comp == [(0, 30)]
 
 
 def test_bf16_policy_casts_only_the_root_output(monkeypatch):
@@ -42,3 +46,11 @@ def test_bf16_policy_casts_only_the_root_output(monkeypatch):
     fsdp.shard_model(model, mesh=None, mp_policy=policy)
     assert [p.output_dtype for _, p in seen] == [None, None, torch.float32]
     assert seen[-1][0] is model and all(p.param_dtype == torch.bfloat16 for _, p in seen)
+
+
+def test_a_bf16_running_sum_loses_the_terms_an_fp32_one_keeps():
+    from source_code.sharding.fsdp_demo import running_sums
+    r = running_sums(torch.full((2048,), 3.5))
+    assert r["exact_mean"] == 3.5 and r["fp32_mean"] == 3.5 and r["rounded_once"] == 3.5
+    # from 1024 on, bf16 numbers are 8 apart: adding 3.5 (< 8 / 2) leaves the sum where it is
+    assert r["bf16_mean"] == 1024 / 2048 and r["lost"] > 1024 and r["spacing"] == 2 ** -6

@@ -12,14 +12,18 @@ Printed lines (``key: k=v ...``), parsed by notebook 09:
   at a time, so the peak is the shards plus about the largest tensor) (MALLOC_MMAP_THRESHOLD_=65536 is set by torchrun's
   environment here: export it for meaningful numbers);
 * ``bf16``: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
-  output_dtype=float32): bytes all-gathered, the loss (computed in fp32) vs fp32, the same loss
-  reduced in bf16 for contrast, the dtype of the kept shards (fp32: FSDP2's master copy);
+  output_dtype=float32): bytes all-gathered, the loss (computed in fp32) vs fp32, the dtype of
+  the kept shards (fp32: FSDP2's master copy);
+* ``bf16_sum``: why the loss's sum stays fp32: the fp32 model's per-token losses on 256
+  sequences added one after another into an fp32 and into a bf16 accumulator, their means
+  against the exact one, the terms the bf16 sum lost, and the bf16 spacing at the exact mean;
 * ``hsdp``: on 4 ranks, mesh (replicate=2, shard=2): placements, local fraction, replicas equal.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 
 import torch
 import torch.distributed as dist
@@ -69,8 +73,7 @@ def bf16(ctx, cfg) -> dict:
     x, y = _batch(ctx)
     out = {}
     # output_dtype=float32: the root's output (the logits) comes back in fp32, so the softmax and
-    # the mean over tokens of the loss run in fp32; in bf16 (8 mantissa bits) a loss near 3.5
-    # can only be a multiple of 1/64
+    # the mean over tokens of the loss run in fp32 (running_sums shows what a bf16 sum loses)
     for name, policy in (("fp32", None), ("bf16", MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32))):
         model = build_sharded(cfg, mesh, 0, ctx.device, mp_policy=policy)
@@ -83,9 +86,34 @@ def bf16(ctx, cfg) -> dict:
         if policy is not None:
             out["loss_dtype"] = str(loss.dtype).replace("torch.", "")
             out["shard_dtype"] = str(local(next(model.parameters())).dtype).replace("torch.", "")
-            out["loss_in_bf16"] = F.cross_entropy(  # the same logits, softmax and mean in bf16
-                logits.detach().to(torch.bfloat16).flatten(0, 1), y.flatten(), ignore_index=-100).item()
+        else:   # the fp32 model's per-token losses on 256 sequences: the terms of the sums below
+            xs, ys = workload.global_batch(workload.sort_task(256), 0, 256)
+            with torch.no_grad():
+                terms = F.cross_entropy(model(xs.to(ctx.device)).flatten(0, 1), ys.flatten().to(ctx.device),
+                                        ignore_index=-100, reduction="none")[ys.flatten() != -100]
+            out["sum"] = running_sums(terms.cpu()) if ctx.rank == 0 else {}   # printed by rank 0
     return out
+
+
+def running_sums(terms: torch.Tensor) -> dict:
+    """The same fp32 terms added one after another into an fp32 and into a bf16 accumulator
+    (the only difference), against their exact (fp64) mean; ``lost``: the terms whose addition
+    left the bf16 sum unchanged. ``spacing``: the gap between bf16 numbers at the exact mean, so
+    rounding the exact mean once to bf16 is off by at most spacing / 2."""
+    exact = terms.double().mean().item()
+    acc32 = torch.zeros((), dtype=torch.float32)
+    acc16 = torch.zeros((), dtype=torch.bfloat16)
+    lost = 0
+    for t in terms:                                         # fp32 scalars, in order
+        acc32 = acc32 + t
+        nxt = (acc16.float() + t).to(torch.bfloat16)        # an accumulator that stays bf16
+        lost += bool(nxt == acc16)
+        acc16 = nxt
+    once = torch.tensor(exact).to(torch.bfloat16).double().item()
+    spacing = 2.0 ** (math.floor(math.log2(abs(exact))) - 7)   # 8 significant bits
+    return {"tokens": terms.numel(), "exact_mean": exact, "fp32_mean": acc32.item() / terms.numel(),
+            "bf16_mean": acc16.float().item() / terms.numel(), "lost": lost,
+            "rounded_once": once, "spacing": spacing}
 
 
 def hsdp(ctx, cfg) -> dict:
@@ -130,7 +158,9 @@ def run(ctx, args) -> None:
     print0(f"bf16: fp32_all_gather={b['fp32'][0]} bf16_all_gather={b['bf16'][0]} "
            f"fp32_reduce_scatter={b['fp32'][1]} bf16_reduce_scatter={b['bf16'][1]} "
            f"fp32_loss={b['fp32'][2]:.6f} bf16_loss={b['bf16'][2]:.6f} loss_dtype={b['loss_dtype']} "
-           f"loss_in_bf16={b['loss_in_bf16']:.6f} shard_dtype={b['shard_dtype']}")
+           f"shard_dtype={b['shard_dtype']}")
+    print0("bf16_sum: " + " ".join(f"{k}={v:.8g}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in b["sum"].items()))
     if ctx.world_size == 4:
         h = hsdp(ctx, cfg)
         calls = ",".join(f"{k}:{v}" for k, v in sorted(h.pop("calls").items()))

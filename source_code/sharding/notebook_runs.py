@@ -87,13 +87,11 @@ def two_ranks(memory_cfg: dict, batch_size: int = 16) -> dict | None:
     _, parity_text = printed(parity.run, ctx, argparse.Namespace(**PARITY))
     rows = memory_report.measure_rank(memory_cfg, batch_size)
     print0(f"memory_report: {len(rows or [])} rows at N={ctx.world_size} (section 4)")
-    variants = {}
     cfg = workload.model_config(dim=OVERLAP["dim"], n_layers=OVERLAP["layers"])
     with tempfile.TemporaryDirectory(prefix="fsdp-trace-") as trace_dir, warnings.catch_warnings(), \
             quiet_descriptors():
         warnings.filterwarnings("ignore", message=".*Profiler clears events")
-        for name in overlap.VARIANTS:
-            variants[name] = overlap.run_variant(ctx, cfg, name, OVERLAP["steps"], trace_dir)
+        variants = overlap.run_variants(ctx, cfg, OVERLAP["steps"], trace_dir)
     print0(f"overlap: {len(variants)} variants profiled (section 3)")
     dist.barrier()
     if not ctx.is_main:

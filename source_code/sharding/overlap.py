@@ -15,7 +15,7 @@ waits for it, prefetched or not, unless the group is told to issue it asynchrono
 moves the bytes while the main thread computes. Three variants run here: ``none`` (FSDP2's
 default), ``prefetch`` (explicit lists) and ``prefetch_async`` (explicit lists + asynchronous issue).
 
-Per variant, rank 0 profiles ``--steps`` steps after a warm-up, exports the Chrome trace and
+Rank 0 profiles ``--steps`` steps of each variant after a warm-up, exports the Chrome trace and
 reads it with the profiling lesson's classifier (source_code/profiling/classify.py):
 the transfers (gloo's events for each collective, until its worker thread completes it: the
 wait for the slower rank included), the main thread's computation
@@ -25,9 +25,13 @@ of the transfer time lies under computation (``hidden``; transfer_and_compute). 
 what is resident when: at each block's forward, the blocks whose parameters are unsharded and the
 all-gathers already issued (one ahead of the block with prefetching).
 
-Written to ``--out`` (JSON): {"variants": {name: {comm_ms, hidden_ms, hidden_fraction, gather_ms,
-gather_hidden_fraction, step_ms, ahead, unsharded_blocks}}, "world_size", "device"} (times in
-ms per step; the all-gathers apart, as prefetching moves only them).
+The three variants' steps are interleaved in one profiled run (each variant in each position
+of a round in turn), and each step is timed alone: not the profiler's warm-up step, not the
+trace's export. Written to ``--out`` (JSON): {"variants": {name: {comm_ms, hidden_ms,
+hidden_fraction, gather_ms, gather_hidden_fraction, step_ms, step_ms_each, ahead,
+unsharded_blocks, calls, payload}}, "world_size", "device"} (times in ms per step; the
+all-gathers apart, as prefetching moves only them; calls and payload bytes per collective kind,
+counted in the warm-up step).
 """
 from __future__ import annotations
 
@@ -84,7 +88,7 @@ def watch_residency(model, counter: CommCounter) -> list[dict]:
     return seen
 
 
-def transfer_and_compute(trace: dict, which: str = ""):
+def transfer_and_compute(trace: dict, which: str = "", windows=None):
     """Merged spans of (collectives in flight on the backend's thread, main-thread computation).
 
     The transfer: the ``gloo:...`` (``nccl:...``) events, the bytes on the move (and the wait for
@@ -92,9 +96,13 @@ def transfer_and_compute(trace: dict, which: str = ""):
     collective calls there, the operators inside them (the copies of the call itself) and the
     operators that contain one (an autograd node whose hook issues a collective and waits for it):
     a transfer under those is not hidden behind work.
-    ``which``: only the collectives whose name contains it (e.g. "all_gather").
+    ``which``: only the collectives whose name contains it (e.g. "all_gather"); ``windows``: only
+    the events that start inside one of these (start_us, end_us) spans (some steps of the trace).
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    if windows is not None:
+        events = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+                  or any(lo <= float(e["ts"]) < hi for lo, hi in windows)]
     main = next(e["tid"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
     span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
     transfer = [span(e) for e in events if str(e["name"]).startswith(classify.ASYNC_COLLECTIVE)
@@ -110,7 +118,9 @@ def transfer_and_compute(trace: dict, which: str = ""):
     return classify.merge(transfer), classify.merge(compute)
 
 
-def run_variant(ctx, cfg, name: str, steps: int, trace_dir: str) -> dict:
+def build_variant(ctx, cfg, name: str) -> dict:
+    """One FSDP2 model set up as variant ``name``, after a warm-up step (lazy init) that also
+    records what is resident at each block's forward and the collectives of one step."""
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     model = build_sharded(cfg, mesh, 0, ctx.device)
     if name != "none":
@@ -129,28 +139,51 @@ def run_variant(ctx, cfg, name: str, steps: int, trace_dir: str) -> dict:
     with counter:
         step()                                          # warm-up (lazy init), and the residency
     first_forward = list(seen)
-    from torch.profiler import ProfilerActivity, profile, schedule
-    path = os.path.join(trace_dir, f"{name}-rank{ctx.rank}.json")
-    sched = schedule(wait=0, warmup=1, active=steps)
-    with profile(activities=[ProfilerActivity.CPU], schedule=sched,
-                 on_trace_ready=lambda prof: prof.export_chrome_trace(path)) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps + 1):
-            step()
-            prof.step()
-        step_ms = (time.perf_counter() - t0) * 1e3 / (steps + 1)
-    trace = classify.load_trace(path)
-    comm, comp = transfer_and_compute(trace)
-    gather, _ = transfer_and_compute(trace, "all_gather")
-    comm_us, hidden_us = classify.busy_us(comm), classify.overlap_us(comm, comp)
     # all-gathers issued beyond the blocks started so far (the root's one included)
     ahead = max(s["gathers_issued"] - (s["block"] + 2) for s in first_forward)
-    return {"comm_ms": comm_us / 1e3 / steps, "hidden_ms": hidden_us / 1e3 / steps,
-            "hidden_fraction": hidden_us / comm_us if comm_us else 0.0,
-            "gather_ms": classify.busy_us(gather) / 1e3 / steps,
-            "gather_hidden_fraction": (classify.overlap_us(gather, comp) / classify.busy_us(gather)
-                                       if gather else 0.0), "step_ms": step_ms,
-            "ahead": ahead, "unsharded_blocks": max(len(s["unsharded"]) for s in first_forward)}
+    return {"step": step, "ahead": ahead,
+            "unsharded_blocks": max(len(s["unsharded"]) for s in first_forward),
+            "calls": dict(counter.calls), "payload": dict(counter.payload)}
+
+
+def run_variants(ctx, cfg, steps: int, trace_dir: str) -> dict:
+    """The variants' steps interleaved in one profiled run, each variant in each position of a
+    round in turn; each step timed alone (not the profiler's warm-up step, not its export)."""
+    built = {name: build_variant(ctx, cfg, name) for name in VARIANTS}
+    rounds = [VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)] for r in range(steps)]
+    order = [name for names in rounds for name in names]
+    times = {name: [] for name in VARIANTS}
+    from torch.profiler import ProfilerActivity, profile, schedule
+    path = os.path.join(trace_dir, f"overlap-rank{ctx.rank}.json")
+    sched = schedule(wait=0, warmup=1, active=len(order))
+    with profile(activities=[ProfilerActivity.CPU], schedule=sched,
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(path)) as prof:
+        built[order[-1]]["step"]()                      # the profiler's warm-up step: not timed
+        prof.step()
+        for name in order:
+            t0 = time.perf_counter()
+            built[name]["step"]()
+            times[name].append(time.perf_counter() - t0)
+            prof.step()                                 # the last one exports the trace
+    trace = classify.load_trace(path)
+    windows = classify.step_windows(trace)              # one per timed step, in order
+    assert len(windows) == len(order), (len(windows), len(order))
+    out = {}
+    for name in VARIANTS:
+        mine = [w for w, n in zip(windows, order) if n == name]
+        comm, comp = transfer_and_compute(trace, windows=mine)
+        gather, _ = transfer_and_compute(trace, "all_gather", windows=mine)
+        comm_us, hidden_us = classify.busy_us(comm), classify.overlap_us(comm, comp)
+        b = built[name]
+        out[name] = {"comm_ms": comm_us / 1e3 / steps, "hidden_ms": hidden_us / 1e3 / steps,
+                     "hidden_fraction": hidden_us / comm_us if comm_us else 0.0,
+                     "gather_ms": classify.busy_us(gather) / 1e3 / steps,
+                     "gather_hidden_fraction": (classify.overlap_us(gather, comp) / classify.busy_us(gather)
+                                                if gather else 0.0),
+                     "step_ms": 1e3 * sum(times[name]) / steps,
+                     "step_ms_each": [1e3 * t for t in times[name]], "ahead": b["ahead"],
+                     "unsharded_blocks": b["unsharded_blocks"], "calls": b["calls"], "payload": b["payload"]}
+    return out
 
 
 def main(argv=None):
@@ -168,9 +201,8 @@ def main(argv=None):
         cfg = workload.model_config(dim=args.dim, n_layers=args.layers)
         result = {"world_size": ctx.world_size, "device": ctx.device.type, "variants": {}}
         with tempfile.TemporaryDirectory(prefix="fsdp-trace-") as trace_dir:
-            for name in VARIANTS:
-                r = run_variant(ctx, cfg, name, args.steps, trace_dir)
-                result["variants"][name] = r
+            result["variants"] = run_variants(ctx, cfg, args.steps, trace_dir)
+            for name, r in result["variants"].items():
                 print0(f"overlap: variant={name} " + " ".join(
                     f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
         if ctx.rank == 0 and args.out:
