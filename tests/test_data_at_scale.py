@@ -148,6 +148,15 @@ def test_on_n_nodes_each_node_copies_everything_reads_its_share_and_pays_back_n_
         assert row["bytes"] == row["epoch_bytes"]                    # the copy: all of it, on every node
         assert 0.9 < row["node_bytes"] * nodes / row["bytes"] < 1.1, row
         assert 0.9 * nodes < row["node_break_even"] / row["break_even"] < 1.1 * nodes, row
+        # segmented: node 0 copies exactly what it reads, and pays back after about one epoch
+        assert (row["part_requests"], row["part_bytes"]) == (row["node_requests"], row["node_bytes"]), row
+        assert 0.8 < row["part_break_even"] / row["break_even"] < 1.1, row
+
+
+def test_segmented_data_need_fit_only_the_nodes_space_together():
+    lumi = {site: ok for site, _, ok, _ in staging.fits(1000)}["LUMI standard-g"]
+    parts = {site: ok for site, _, ok, _ in staging.fits(1000, nodes=4)}
+    assert not lumi and parts["LUMI standard-g"] and not parts["LUMI small-g"]   # 250 GB a node: 460, 64
 
 
 def test_staging_without_shards_is_refused_in_one_line(tmp_path):

@@ -5,7 +5,8 @@ hook, and a hang ends in a short collective timeout with one line per rank.
 * ``uneven``: whole shards per rank (WebDataset's ``split_by_node``) under plain DDP: the ranks
   with fewer shards finish first and wait at the epoch's end while the others wait in DDP's
   all-reduce; each rank reports where it stopped (``diagnose`` makes the one line);
-* ``join_and_pad``: the same shards under ``Join``, then the epoch split by sample and padded;
+* ``join_and_pad``: the same shards under ``Join``, then the epoch split by sample and padded,
+  each with a collective timeout of a minute, so that "hang" is measured at the epoch's barrier;
   under ``Join`` the optimizer states are compared before and after ``loops.sync_optimizer``,
   and what one more step on every rank does to the weights in each case; then each run's
   weights against one process on the same global batches (``parity.one_process``);
@@ -114,19 +115,43 @@ def uneven(urls, shards, batch: int, timeout_s: float, seed: int = 0) -> dict:
     return out
 
 
-def join_and_pad(urls, shards, batch: int, seed: int = 0) -> dict:
-    """Spawned: whole shards per rank under Join, then the epoch split by sample and padded."""
-    samples = as_array(load_shards(urls))
-    joined, model, opt = _epoch_by_shard(urls, shards, batch, seed, joined=True)
-    joined["params"] = parity.flat(model.parameters()).numpy()
-    joined.update(_optimizer_after_join(model, opt, joined["steps"], samples, joined["given"][0]))
+# the Join and padded epochs' collective timeout: a hang (a rank that runs out first) ends in a
+# minute with its report, not in the group's default minutes; a minute is far beyond any rank's
+# delay on a loaded machine, so a timeout here is a hang, not a slow rank
+FIXED_TIMEOUT_S = 60.0
+
+
+def _epoch_padded(samples, batch: int, seed: int, timeout_s: float):
+    """One epoch split by sample and padded, under plain DDP: (what happened, model)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ids = cur.by_sample(cur.epoch_order(len(samples), 0, seed), rank, world, fix="pad")
     batches = Taken(samples, ids, batch)
     model, opt = _ddp(seed)
-    steps = loops.train_epoch(model, opt, batches)
-    padded = {"rank": rank, "steps": steps, "ids": batches.trained(steps), "given": batches.given[:steps],
-              "params": parity.flat(model.parameters()).numpy()}
+    _set_timeout(timeout_s)
+    out = {"rank": rank, "batches": len(batches)}
+    try:
+        out.update(steps=loops.train_epoch(model, opt, batches), hang=False)   # the barrier passed
+    except Exception as exc:  # the timeout: some rank never came to the barrier
+        out.update(hang=True, steps=batches.taken, error=f"{type(exc).__name__}: {clean(str(exc))[:160]}")
+    out.update(ids=batches.trained(out["steps"]), given=batches.given[:out["steps"]],
+               params=parity.flat(model.parameters()).numpy())
+    return out
+
+
+def join_and_pad(urls, shards, batch: int, seed: int = 0, timeout_s: float = FIXED_TIMEOUT_S) -> dict:
+    """Spawned: whole shards per rank under Join, then the epoch split by sample and padded, each
+    with a collective timeout of ``timeout_s``: "hang" says whether its epoch-end barrier passed."""
+    samples = as_array(load_shards(urls))
+    joined, model, opt = _epoch_by_shard(urls, shards, batch, seed, joined=True, timeout_s=timeout_s)
+    joined["params"] = parity.flat(model.parameters()).numpy()
+    if joined["hang"]:
+        cleanup(barrier=False)
+        return {"joined": joined, "padded": None, "one_process": None}
+    joined.update(_optimizer_after_join(model, opt, joined["steps"], samples, joined["given"][0]))
+    padded = _epoch_padded(samples, batch, seed, timeout_s)
+    if padded["hang"]:
+        cleanup(barrier=False)
+        return {"joined": joined, "padded": padded, "one_process": None}
     return {"joined": joined, "padded": padded, "one_process": _against_one_process(samples, joined, padded)}
 
 

@@ -73,7 +73,8 @@ def staging_costs(prep: dict, nodes: int = 2) -> list[dict]:
     measured here, is reported apart (``copy_cpu_s``). On ``nodes`` nodes every node copies all
     the files but reads only its share of an epoch (node 0's share counted: whole shards
     0, nodes, ... as split_by_node deals them, every nodes-th loose file as a split by sample
-    does): ``node_break_even`` is the copy against that share."""
+    does): ``node_break_even`` is the copy against that share. Segmented, node 0 copies only its
+    share (counted the same way): ``part_break_even``."""
     rows = []
     for layout, reader, src in (("shards", formats.read_shards, Path(prep["urls"][0]).parent),
                                 ("loose", formats.read_loose, prep["paths"]["loose"])):
@@ -94,10 +95,17 @@ def staging_costs(prep: dict, nodes: int = 2) -> list[dict]:
         node = fsops.epoch(formats.read_shards if layout == "shards" else _read_files, share, src)
         node_shared_s = fsops.waiting(node["requests"], node["bytes"])
         node_local_s = node["bytes"] / staging.LOCAL_READ_BYTES_S
+        with fsops.counting(src) as part_ops:     # segmented: node 0 copies only the files it reads
+            part = staging.stage(src, Path(prep["root"]) / "node-local-part" / layout,
+                                 names=[Path(p).name for p in share])
+        part_copy_s = (fsops.waiting(part_ops.total, part["bytes"])
+                       + part["bytes"] / staging.LOCAL_WRITE_BYTES_S)
         rows.append({"layout": layout, "files": copy["files"], "bytes": copy["bytes"],
                      "nodes": nodes, "node_requests": node["requests"], "node_bytes": node["bytes"],
                      "node_shared_s": node_shared_s,
                      "node_break_even": staging.break_even(copy_s, node_shared_s, node_local_s),
+                     "part_requests": part_ops.total, "part_bytes": part["bytes"],
+                     "part_break_even": staging.break_even(part_copy_s, node_shared_s, node_local_s),
                      "copy_requests": ops.total, "epoch_requests": epoch["requests"],
                      "epoch_bytes": epoch["bytes"], "copy_s": copy_s,
                      "copy_cpu_s": cpu,
@@ -189,13 +197,15 @@ def summary_line(r: dict) -> str:
     rows = {row["layout"]: row for row in r["layouts"]}
     sampler = next(row for row in r["loaders"] if row["loader"].startswith("DistributedSampler")
                    and row["rule"] == "per-rank batch kept")
-    padded = [x["padded"]["steps"] for x in r["join_and_pad"]]
+    padded = [x["padded"] for x in r["join_and_pad"]]   # equal steps, and the epoch's barrier passed
+    padded_equal = (all(p is not None and not p["hang"] for p in padded)
+                    and len({p["steps"] for p in padded}) == 1)
     big = next(row for row in r["sizes"] if row["sample_bytes"] == 100_000)
     return (f"summary: opens_ratio={rows['loose']['opens'] / rows['shards']['opens']:.0f} "
             f"modelled_lustre_speedup={rows['loose']['wait_s'] / rows['shards']['wait_s']:.1f} "
             f"modelled_lustre_speedup_100kB={big['loose_s'] / big['shards_s']:.1f} "
             f"cpu_here_plus_modelled_lustre_speedup={rows['loose']['lustre_s'] / rows['shards']['lustre_s']:.1f} "
-            f"uneven_steps_equal={int(len(set(padded)) == 1 and r['resume']['steps_equal'])} "
+            f"uneven_steps_equal={int(padded_equal and r['resume']['steps_equal'])} "
             f"uneven_hang_caught={int(any(x['hang'] for x in r['uneven']))} "
             f"resume_repeated={r['resume']['repeated']} resume_missing={r['resume']['missing']} "
             f"sampler_resume_repeated={sampler['repeated']} sampler_resume_missing={sampler['missing']}")
@@ -228,14 +238,14 @@ def print_waits_by_sample_size(rows: list[dict]) -> None:
 
 def print_staging_costs(rows: list[dict]) -> None:
     nodes = rows[0]["nodes"]
-    print(f"{'':8s}{'copy (each node)':>23s}{'an epoch, 1 node':>27s}{f'node 0 of {nodes}':>27s}"
-          f"{'pays after (epochs)':>25s}")
-    print(f"{'layout':8s}{'requests':>16s}{'s':>7s}{'requests':>16s}{'shared s':>11s}{'requests':>16s}"
-          f"{'shared s':>11s}{'1 node':>11s}{f'{nodes} nodes':>14s}")
+    print(f"{'':8s}{'copy (each node)':>19s}{'an epoch, 1 node':>21s}{f'node 0 of {nodes}':>21s}"
+          f"{'pays after (epochs)':>35s}")
+    print(f"{'layout':8s}{'requests':>12s}{'s':>7s}{'requests':>10s}{'shared s':>11s}{'requests':>10s}"
+          f"{'shared s':>11s}{'1 node':>8s}{f'{nodes} nodes':>10s}{f'{nodes}, segmented':>17s}")
     for row in rows:
-        print(f"{row['layout']:8s}{row['copy_requests']:16d}{row['copy_s']:7.3f}{row['epoch_requests']:16d}"
-              f"{row['shared_s']:11.4f}{row['node_requests']:16d}{row['node_shared_s']:11.4f}"
-              f"{row['break_even']:11.2f}{row['node_break_even']:14.2f}")
+        print(f"{row['layout']:8s}{row['copy_requests']:12d}{row['copy_s']:7.3f}{row['epoch_requests']:10d}"
+              f"{row['shared_s']:11.4f}{row['node_requests']:10d}{row['node_shared_s']:11.4f}"
+              f"{row['break_even']:8.2f}{row['node_break_even']:10.2f}{row['part_break_even']:17.2f}")
 
 
 def main(argv=None):

@@ -8,9 +8,10 @@ library itself: the epoch's samples written once with litdata's ``BinaryWriter``
 a rank: it asks ``_DistributedEnv.detect()``, which is given each rank's world size and rank here,
 so that all ranks are iterated in this one process, as samplers.compare does with torch's loaders.
 
-Each resume is counted against the same loader's epoch without a stop: litdata sets
-``drop_last`` on more than one rank, so every epoch leaves out the samples that do not fill the
-ranks' last batches (``dropped``); a resume is exactly once when it repeats nothing and misses
+Each resume is counted against the same loader's epoch without a stop: on more than one rank
+litdata sets ``drop_last`` when it is left unset (None, as here; an explicit False is kept, with
+a warning), so every epoch leaves out the samples that do not fill the ranks' last batches
+(``dropped``); a resume is exactly once when it repeats nothing and misses
 exactly the samples its uninterrupted epoch drops. Without litdata installed, ``missing_note()``
 says so in one line and nothing here is run.
 """
@@ -63,7 +64,8 @@ def _ids(root: str, world: int, rank: int, batch: int, state=None, steps=None, s
         return ids, loader.state_dict()
 
 
-# cell 30's grid: 4 ranks to 3 and 3 to 4, each with the per-rank and with the global batch kept
+# the grid of notebook 20's loaders table (section 4): 4 ranks to 3 and 3 to 4, each with the
+# per-rank and with the global batch kept
 # (4 -> 3 per-rank: the global batch shrinks from 4 x 12 to 3 x 12; 3 -> 4: grows from 3 x 16 to 4 x 16)
 CASES = ((4, 3, "per-rank batch kept"), (4, 3, "global batch kept"),
          (3, 4, "per-rank batch kept"), (3, 4, "global batch kept"))
@@ -80,6 +82,8 @@ def compare(n: int, steps: int, global_batch: int, cases=CASES, per_chunk: int =
         b_before = global_batch // before
         b_after = global_batch // after if rule == "global batch kept" else b_before
         first = [_ids(root, before, r, b_before, steps=steps, seed=seed) for r in range(before)]
+        # new rank r loads old rank r's state; a new rank beyond the old world (3 -> 4: rank 3) loads
+        # old rank r % before's: litdata's position is global, every old rank's state carries it
         rest = [_ids(root, after, r, b_after, state=first[r % before][1], seed=seed)[0] for r in range(after)]
         seen = Counter([i for ids, _ in first for i in ids] + [i for ids in rest for i in ids])
         whole = {i for r in range(after) for i in _ids(root, after, r, b_after, seed=seed)[0]}

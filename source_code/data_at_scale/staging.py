@@ -14,13 +14,18 @@ temporary name and renamed when complete, and the directory gets its ``.staged``
 node whose copy was interrupted has no ``.staged`` and copies again; one that has it copies
 nothing (a requeued job on the same node).
 
-When it pays: every node copies every file once from the shared file system (a whole epoch's
-requests and bytes on each node; all nodes at once when a job starts), while on N nodes each
-node reads only its share, 1/N of an epoch, per epoch. In notebook 20's model
-(report.staging_costs, node 0's share counted) the copy pays after about one epoch on one node
-and about N epochs on N nodes, when the data fit in the node's space (``NODE_LOCAL``); it never
-pays for a job that reads its data once (a large corpus seen once), and cannot work for data
-that do not fit.
+When it pays, two patterns (notebook 20's model, report.staging_costs, node 0 counted):
+* every node copies every file (what this command does): a whole epoch's requests and bytes on
+  each node, all nodes at once when a job starts, while on N nodes each node reads only its
+  share, 1/N of an epoch, per epoch: the copy pays after about N epochs on N nodes (about one on
+  one node), when all the data fit one node's space (``fits``);
+* segmented (LUMI's AI guide: "each node has exclusive access to the data it needs"): each node
+  copies only the part it reads (``stage(..., names=...)``), so the copy pays after about one
+  epoch on any number of nodes and the data need fit only N nodes' space together
+  (``fits(gb, nodes=N)``). The price: the parts are fixed, so the epoch is shuffled within each
+  node's part only, a job that comes back on another number of nodes stages again, and a global
+  cursor over the whole epoch (notebook 20, section 4) needs every sample on every node.
+Neither pays for a job that reads its data once (a large corpus seen once).
 """
 from __future__ import annotations
 
@@ -67,13 +72,15 @@ def staged(directory) -> list[str] | None:
     return mark.read_text().split() if mark.is_file() else None
 
 
-def stage(source, directory) -> dict:
-    """Copy every file of ``source`` into ``directory`` unless a complete copy is there."""
+def stage(source, directory, names: list[str] | None = None) -> dict:
+    """Copy every file of ``source`` into ``directory`` unless a complete copy is there; or only
+    the files ``names`` (this node's part, segmented staging: no listing then)."""
     source, directory = Path(source), Path(directory)
     if staged(directory) is not None:
         return {"files": 0, "bytes": 0, "seconds": 0.0, "copied": False, "dir": str(directory)}
-    with os.scandir(source) as entries:    # one listing; the entries' types come with it, no stat
-        names = sorted(e.name for e in entries if e.is_file() and not e.name.startswith("."))
+    if names is None:
+        with os.scandir(source) as entries:    # one listing; the entries' types come with it, no stat
+            names = sorted(e.name for e in entries if e.is_file() and not e.name.startswith("."))
     if not names:
         raise LaunchError(f"error: nothing to stage in {source}; write the shards first "
                           "(python -m source_code.data_at_scale.formats --out DIR --only shards)")
@@ -101,9 +108,11 @@ def break_even(copy_s: float, shared_epoch_s: float, local_epoch_s: float) -> fl
     return copy_s / saved if saved > 0 else float("inf")
 
 
-def fits(dataset_gb: float) -> list[tuple[str, int, bool, str]]:
-    """(site, its node-local GB, whether the data fit, what that space is) for each site."""
-    return [(site, gb, dataset_gb <= gb, what) for site, gb, what, _ in NODE_LOCAL]
+def fits(dataset_gb: float, nodes: int = 1) -> list[tuple[str, int, bool, str]]:
+    """(site, its node-local GB, whether the data fit, what that space is) for each site: all of
+    the data on every node (``nodes=1``), or a 1/``nodes`` part on each of ``nodes`` (segmented)."""
+    part = dataset_gb / nodes
+    return [(site, gb, part <= gb, what) for site, gb, what, _ in NODE_LOCAL]
 
 
 def main(argv=None):
