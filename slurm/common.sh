@@ -71,6 +71,9 @@ if [ "${STEP_CPUS_PER_TASK:-}" = 0 ] && [ "${WORKSHOP_DEVICE:-auto}" != cpu ]; t
     echo "error: job $SLURM_JOB_ID has ${SLURM_CPUS_ON_NODE:-?} CPU core(s) for $ALLOC_GPUS GPU(s) on this node, fewer than one srun task per GPU needs (a core each; $WORKSHOP_SITE's share is $per): sbatch --cpus-per-task=$(( (per * ALLOC_GPUS + tasks - 1) / tasks )) ... for the script's $tasks task(s) a node, or the options of: python -m source_code.launch.site_profiles --site $WORKSHOP_SITE --launcher srun --format args" >&2
     exit 2
 fi
+# shellcheck source=launch.sh
+source "$ROOT/slurm/launch.sh"
+drop_inherited_memory              # a job submitted from a lab's terminal (inside another job)
 site_environment
 if [ -n "${WORKSHOP_VENV:-}" ]; then
     # shellcheck disable=SC1091

@@ -13,6 +13,39 @@
 
 print_command() { printf '%q ' "$@"; echo; }
 
+# A job submitted from inside another job (the terminal of a JupyterLab that runs as a Slurm job)
+# inherits that job's SLURM_MEM_PER_CPU / SLURM_MEM_PER_NODE; srun reads them as its own input,
+# and beside this job's SLURM_MEM_PER_GPU (the site step's SBATCH_MEM_PER_GPU) it refuses every
+# step: "SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually exclusive".
+# Keep the one of this job's own memory request (scontrol shows it; else the SBATCH_MEM_* the
+# submitting shell set) and drop the others, saying so.
+drop_inherited_memory() {
+    [ -n "${SLURM_JOB_ID:-}" ] || return 0
+    local set=() kind v
+    for v in CPU NODE GPU; do
+        local name=SLURM_MEM_PER_$v
+        [ -n "${!name:-}" ] && set+=("$v")
+    done
+    (( ${#set[@]} > 1 )) || return 0
+    local info
+    info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null)
+    if [[ $info =~ MemPerTres=[^[:space:]]*gpu ]]; then kind=GPU
+    elif [[ $info =~ MinMemoryCPU= ]]; then kind=CPU
+    elif [[ $info =~ MinMemoryNode=[1-9] ]]; then kind=NODE
+    elif [ -n "${SBATCH_MEM_PER_GPU:-}" ]; then kind=GPU
+    elif [ -n "${SBATCH_MEM_PER_CPU:-}" ]; then kind=CPU
+    elif [ -n "${SBATCH_MEM_PER_NODE:-}" ]; then kind=NODE
+    else return 0                                   # not known: srun says what it finds
+    fi
+    for v in "${set[@]}"; do
+        local name=SLURM_MEM_PER_$v
+        if [ "$v" != "$kind" ]; then
+            echo "note: $name=${!name} came from the shell this job was submitted from (another job's); dropped, this job's memory is per ${kind,,}"
+            unset "$name"
+        fi
+    done
+}
+
 container_prefix() {
     IN_CONTAINER=()
     if [ -n "${WORKSHOP_CONTAINER_EXEC:-}" ]; then

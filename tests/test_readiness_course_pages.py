@@ -3,12 +3,14 @@ SLOW_QUEUE.md, COURSE_DAY.md) say what the code does: the readiness row they nam
 profiles' test partitions and limits, the site step's --test, the job scripts' time limits, and
 the notebooks' sections that COURSE_DAY.md's cuts name. Cheap: no process is started."""
 import json
+import math
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from source_code import readiness
+from source_code import course_plan, readiness
 from source_code.launch import site_profiles, site_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,3 +92,51 @@ def test_the_cuts_name_sections_the_notebooks_have():
         for ex in re.findall(r"\b(\d{1,2}) \(the exercises?\)|\b(\d{1,2}): the exercises?", keep):
             n = int(ex[0] or ex[1])
             assert "xercise" in heads[n], (number, n, heads[n])
+
+
+def _core_lines(number: str) -> list[str]:
+    """The sbatch lines printed in the core sections of a notebook (the course plan's reading)."""
+    kind, out = course_plan.CORE, []
+    for cell in json.loads(next(NOTEBOOKS.glob(f"{number}_*.ipynb")).read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and not course_plan.mark(cell).get("summary"):
+            heads = course_plan.SECTION.findall(source)
+            if heads:   # a cell's mark goes to its first heading; later headings are core
+                kind = course_plan.mark(cell).get("section", course_plan.CORE) if len(heads) == 1 \
+                    else course_plan.CORE
+        for line in course_plan.sbatch_lines(source):
+            if kind == course_plan.CORE and line not in out:
+                out.append(line)
+    return out
+
+
+def _nodes(line: str) -> int:
+    words = shlex.split(line)
+    rest = words[words.index("sbatch") + 1:]
+    for i, w in enumerate(rest):
+        if w in ("-N", "--nodes"):
+            return int(rest[i + 1])
+        if w.startswith("--nodes="):
+            return int(w.split("=", 1)[1])
+    script = next((w for w in rest if w.startswith("slurm/")), None)
+    found = script and re.search(r"^#SBATCH --nodes=(\d+)", (ROOT / script).read_text(), re.M)
+    return int(found.group(1)) if found else 1
+
+
+def test_the_reservation_table_counts_the_lines_each_day_submits():
+    rows = {m[0]: tuple(map(int, m[1:])) for m in re.findall(
+        r"^\| (one day|two days, day \d) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", text("COURSE_DAY.md"), re.M)}
+    plans = {"one day": course_plan.COURSES["one day"][0], "two days, day 1": course_plan.COURSES["two days"][0],
+             "two days, day 2": course_plan.COURSES["two days"][1]}
+    assert set(rows) == set(plans), rows
+    for name, numbers in plans.items():
+        nodes = [_nodes(line) for n in numbers for line in _core_lines(n)]
+        assert max(nodes) == 2                              # the n = 2 of the page's formula
+        assert rows[name] == (len(nodes), nodes.count(1), nodes.count(2), sum(nodes)), (name, nodes)
+    # the worked example: R = ceil(N n / (1 + W / t))
+    page = text("COURSE_DAY.md")
+    found = re.findall(r"t = (\d+) min[^R]*?R = (?:⌈[^⌉]*⌉ = )?(\d+)", page)
+    assert len(found) == 2, found
+    for t, r in found:
+        assert int(r) == math.ceil(20 * 2 / (1 + 5 / int(t))), (t, r)
+    assert re.search(r"R = ⌈40 / 3\.5⌉ = 12 nodes; with t = 5 min, R = 20", page)

@@ -555,3 +555,36 @@ def test_a_partition_given_or_reserved_must_take_the_gpus_asked_for(argv, messag
     assert not got and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
     _, fits = step("--site", "lumi", "--partition", "small-g", "--gpus-per-node", "7")
     assert fits["SBATCH_PARTITION"] == "small-g"
+
+
+def memory_left(tmp_path, scontrol_says: str, **env) -> tuple[dict, str]:
+    """The SLURM_MEM_PER_* a job script leaves for its sruns, and what it said, inside a fake job
+    whose `scontrol show job` prints ``scontrol_says`` (no cluster needed)."""
+    (tmp_path / "scontrol").write_text(f"#!/bin/sh\necho '{scontrol_says}'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    full.update({"PATH": f"{tmp_path}:{full['PATH']}", "SLURM_JOB_ID": "42", **env})
+    res = subprocess.run(["bash", "-c", f"source {ROOT}/slurm/launch.sh; drop_inherited_memory; env -0"],
+                         env=full, capture_output=True, text=True, check=True)
+    left = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if kv.startswith("SLURM_MEM_PER_"))
+    return left, "\n".join(ln for ln in res.stdout.split("\0")[0].splitlines() if ln.startswith("note:"))
+
+
+def test_memory_inherited_from_the_lab_job_is_dropped_where_it_conflicts_with_the_jobs_own(tmp_path):
+    # a lab job's --mem-per-cpu and --mem came along; this job asked per GPU (the site step)
+    inherited = {"SLURM_MEM_PER_CPU": "1000", "SLURM_MEM_PER_NODE": "2000", "SLURM_MEM_PER_GPU": "3072"}
+    left, said = memory_left(tmp_path, "MinCPUsNode=2 MinMemoryNode=0 MinTmpDiskNode=0\n MemPerTres=gres:gpu:3072",
+                             **inherited)
+    assert left == {"SLURM_MEM_PER_GPU": "3072"}
+    assert said.count("note:") == 2 and "SLURM_MEM_PER_CPU=1000 came from" in said and "per gpu" in said
+    # this job asked per node (--mem): the per-CPU one goes, whatever the site step set
+    left, _ = memory_left(tmp_path, "MinCPUsNode=2 MinMemoryNode=7G", SLURM_MEM_PER_CPU="1000",
+                          SLURM_MEM_PER_NODE="7168", SBATCH_MEM_PER_GPU="3G")
+    assert left == {"SLURM_MEM_PER_NODE": "7168"}
+    # scontrol silent: the site step's SBATCH_MEM_PER_GPU names this job's kind
+    left, _ = memory_left(tmp_path, "", SLURM_MEM_PER_CPU="1000", SLURM_MEM_PER_GPU="3072", SBATCH_MEM_PER_GPU="3G")
+    assert left == {"SLURM_MEM_PER_GPU": "3072"}
+    # one kind only, or nothing known: untouched (no conflict, or srun says what it finds)
+    assert memory_left(tmp_path, "MinMemoryCPU=1000M", SLURM_MEM_PER_CPU="1000")[0] == {"SLURM_MEM_PER_CPU": "1000"}
+    both = {"SLURM_MEM_PER_CPU": "1000", "SLURM_MEM_PER_NODE": "2000"}
+    assert memory_left(tmp_path, "", **both) == (both, "")
