@@ -4,13 +4,14 @@ Both take the link's time from a step time measured in the same run, so that the
 hold on a fast or slow, quiet or loaded machine:
 
 * ``slow_link_check``: DDP steps alternately on the local link and on a link whose all-reduce
-  takes ``SLEPT_STEPS`` times the measured step (``SlowLink(sleep=True)``): per pair the
-  measured extra time of the slow step, against the time the model charged it;
+  takes ``SLEPT_STEPS`` times the median of the fast steps so far (``SlowLink(sleep=True)``):
+  per pair the measured extra time of the slow step, against the time the model charged it;
 * ``streaming_overlap``: streaming DiLoCo for two rounds three ways, ``sync`` (each outer step
   at once), ``tau0`` (the all-reduce in flight, waited at once) and ``overlap`` (waited
   ``delay`` steps later, mix 0.5); the last two on a link whose all-reduce takes
-  ``IN_FLIGHT_SHARE`` of the tau steps' compute measured in the ``sync`` run (``LinkInFlight``):
-  tau steps of compute hide it, waiting at once shows all of it;
+  ``IN_FLIGHT_SHARE`` of tau steps' compute, set at every send from the steps measured so far
+  in the same run (``LinkInFlight``): tau steps of compute hide it, waiting at once shows all
+  of it, on a fast or a slow machine alike;
 * ``bf16_on_this_backend``: a few steps with torch's bf16 hook (older gloo builds refuse).
 """
 from __future__ import annotations
@@ -46,10 +47,11 @@ def _ddp_step(ddp, opt, x, y, ctx) -> float:
 
 
 def slow_link_check(s: dict) -> dict:
-    """Per pair of DDP steps: fast (local link), slow (the link slept); the medians. Every step,
-    the calibrating ones included, runs the same way: DDP's own all-reduce (torch's
-    ``allreduce_hook``) inside one ``SlowLink``, entered for the hook's call only, so that the
-    step time the link is set from is the step time measured against it."""
+    """Pairs of DDP steps: fast (local link), then slow (the link slept); the medians. Before
+    each slow step the link is set from the fast steps measured so far (the median, the larger
+    of the two ranks'), so that a slept all-reduce takes ``SLEPT_STEPS`` of the very steps it is
+    measured against. Every step runs the same way: DDP's own all-reduce (torch's
+    ``allreduce_hook``) inside one ``SlowLink``, entered for the hook's call only."""
     ctx = context()
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = tasks.train_set(s["task"], s["seed"])
@@ -59,51 +61,74 @@ def slow_link_check(s: dict) -> dict:
     ddp.register_comm_hook(None, wire.counted(default_hooks.allreduce_hook))
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"])
     batches = (batch(dataset, k, s, s["seed"], rank, world, ctx.device) for k in range(10**6))
-    first = [_ddp_step(ddp, opt, *next(batches), ctx) for _ in range(2 + s["check_steps"])]
-    step_s = torch.tensor(statistics.median(first[2:]))     # the first two build DDP's buckets
-    dist.all_reduce(step_s, op=dist.ReduceOp.MAX)           # one link for every rank
-    wire.link = links.latency_link(SLEPT_STEPS * float(step_s), world, "slept")
-    fast, slow, charged = [], [], []
-    for k in range(2 * s["check_steps"]):
-        wire.sleep = k % 2 == 1
+    for _ in range(2):                                        # the first two build DDP's buckets
+        _ddp_step(ddp, opt, *next(batches), ctx)
+    fast, slow, charged, set_from = [], [], [], []
+    for _ in range(s["check_steps"]):
+        fast.append(_ddp_step(ddp, opt, *next(batches), ctx))
+        step_s = torch.tensor(statistics.median(fast))
+        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)       # one link for every rank
+        set_from.append(float(step_s))
+        wire.link = links.latency_link(SLEPT_STEPS * float(step_s), world, "slept")
+        wire.sleep = True
         before = wire.simulated_s
-        took = _ddp_step(ddp, opt, *next(batches), ctx)
-        (slow if wire.sleep else fast).append(took)
-        if wire.sleep:
-            charged.append(wire.simulated_s - before)           # barriers are not counted: no data
+        slow.append(_ddp_step(ddp, opt, *next(batches), ctx))
+        charged.append(wire.simulated_s - before)               # barriers are not counted: no data
+        wire.sleep = False
     extra = statistics.median(b - a for a, b in zip(fast, slow))
-    return {"step_s": float(step_s), "fast_s": fast, "slow_s": slow, "charged_s": charged,
+    return {"set_from_s": set_from, "fast_s": fast, "slow_s": slow, "charged_s": charged,
             "extra_s": extra, "model_s": statistics.median(charged), "slept_steps": SLEPT_STEPS}
 
 
+class _Paced(StreamingDiLoCo):
+    """Streaming DiLoCo whose in-flight link is set, at every send, from the steps of this very
+    run: ``IN_FLIGHT_SHARE`` x tau x the median compute between two synchronisation calls so
+    far. Its last send, due after the run's end, is waited at once by ``finish`` (marked
+    ``closing``): no step is left to hide it."""
+
+    def __init__(self, *args, wire: LinkInFlight, tau: int, device, **kw):
+        super().__init__(*args, send=wire, **kw)
+        self.wire, self.tau, self.device = wire, tau, device
+        self.step_s, self._left = [], clock(device)
+
+    def after_inner_step(self, step: int) -> bool:
+        self.step_s.append(clock(self.device) - self._left)    # the step since the last call returned
+        seconds = IN_FLIGHT_SHARE * self.tau * statistics.median(self.step_s)
+        self.wire.link = links.latency_link(seconds, self.wire.n, "in flight")
+        synced = super().after_inner_step(step)
+        self._left = clock(self.device)
+        return synced
+
+    def finish(self) -> None:
+        self.wire.closing = True
+        super().finish()
+
+
 def streaming_overlap(s: dict, start: dict) -> dict:
-    """Two rounds (2 H steps) of streaming DiLoCo (fp32), three ways; per way: losses, wall
-    time, the link's modelled seconds, the part of them not hidden by compute (uncovered) and
-    the time really waited (exposed), the median compute time of a step."""
+    """Two rounds (2 H steps) of streaming DiLoCo (fp32), three ways; per way: losses, wall time,
+    the median compute time of a step and, for the two in flight, each send's modelled link
+    time, the part of it not hidden by compute (uncovered) and the time really waited (exposed)
+    (``LinkInFlight.sends``). The in-flight ways set their link from their own steps (``_Paced``):
+    how much tau steps hide is a ratio within one run, whatever the machine's speed or load."""
     ctx = context()
     world = dist.get_world_size()
     method = f"streaming-strided-fp32-{s['every']}"
-    out, link = {}, None
+    tau = max(s["delay"], 1)              # the link: a share of the compute of tau steps
+    out = {}
     for name, delay, mix in (("sync", None, 0.0), ("tau0", 0, 0.0), ("overlap", s["delay"], 0.5)):
-        wire = LinkInFlight(world, link, ctx.device) if link else None
+        wire = LinkInFlight(world, "node", ctx.device) if delay is not None else None
 
         def make(model, delay=delay, mix=mix, wire=wire):
-            kw = {"send": wire} if wire else {}
-            return StreamingDiLoCo(model.parameters(), s["every"], s["fragments"], s["outer_lr"],
-                                   s["outer_momentum"], delay=delay, mix=mix, **kw)
+            args = (model.parameters(), s["every"], s["fragments"], s["outer_lr"], s["outer_momentum"])
+            if wire is None:
+                return StreamingDiLoCo(*args)
+            return _Paced(*args, delay=delay, mix=mix, wire=wire, tau=tau, device=ctx.device)
         dist.barrier()
         t0 = clock(ctx.device)
         run = train(method, s, start, steps=2 * s["every"], make_sync=make)
-        step_s = torch.tensor(statistics.median(run["compute_s"]))
-        dist.all_reduce(step_s, op=dist.ReduceOp.MIN)                # one link for every rank
         out[name] = {"loss": run["loss"], "eval": run["eval"], "wall_s": clock(ctx.device) - t0,
-                     "exposed_s": wire.exposed_s if wire else 0.0, "modelled_s": wire.modelled_s if wire else 0.0,
-                     "uncovered_s": wire.uncovered_s if wire else 0.0,
-                     "sends": wire.count if wire else 0, "compute_s": float(step_s), "ops": run["ops"]}
-        if link is None:          # from the synchronous run: a link tau steps of compute hide
-            seconds = IN_FLIGHT_SHARE * max(s["delay"], 1) * float(step_s)
-            link = links.latency_link(seconds, world, "in flight")
-            out["link_s"] = seconds
+                     "compute_s": statistics.median(run["compute_s"]), "ops": run["ops"],
+                     "sends": wire.sends if wire else []}
     return out
 
 

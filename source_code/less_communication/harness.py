@@ -107,12 +107,17 @@ def build_model(s: dict, device, seed: int | None = None):
     return workload.build_model(cfg, s["seed"] if seed is None else seed, device)
 
 
-def set_lr(opt, base: float, step: int, total: int) -> None:
-    """The learning rate of global step ``step`` of ``total``: a cosine from ``base`` down to a
-    tenth of it (the papers' runs decay theirs too; a constant rate leaves the last losses
+def lr_factor(step: int, total: int) -> float:
+    """The learning rate of global step ``step`` of ``total`` over the base rate: a cosine from 1
+    down to a tenth (the papers' runs decay theirs too; a constant rate leaves the last losses
     jumping, and a comparison of two runs' last losses measures the jumps)."""
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+
+
+def set_lr(opt, base: float, step: int, total: int) -> None:
+    """Set ``opt``'s learning rate for global step ``step`` of ``total`` (``lr_factor``)."""
     for group in opt.param_groups:
-        group["lr"] = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, total) / total)))
+        group["lr"] = base * lr_factor(step, total)
 
 
 def batch(dataset, step: int, s: dict, seed: int, rank: int, world: int, device):

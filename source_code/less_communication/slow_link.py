@@ -78,35 +78,38 @@ class LinkInFlight:
     """``send`` for ``StreamingDiLoCo(delay=...)``: an asynchronous all-reduce that behaves as
     if it crossed ``link``. It is started at once (``async_op=True``); its ``wait`` returns no
     earlier than the link model's time after the start, sleeping what is left of it. So the
-    compute done while it was in flight hides that much of the link: ``modelled_s`` sums the
-    link's time of every all-reduce (what a synchronous wait would cost), ``uncovered_s`` the
-    part of it still ahead when ``wait`` was called (not hidden by the compute in between), and
-    ``exposed_s`` the time the workers really stood in ``wait`` (that part, plus the all-reduce
-    itself and any wait for a rank that reached it later: on a loaded machine, much more)."""
+    compute done while it was in flight hides that much of the link. Per all-reduce ``sends``
+    keeps: ``modelled`` (the link's time: what a synchronous wait would cost), ``uncovered``
+    (the part of it still ahead when ``wait`` was called: not hidden by the compute in
+    between), ``exposed`` (the time the worker really stood in ``wait``: that part, plus the
+    all-reduce itself and any wait for a rank that reached it later: on a loaded machine, much
+    more) and ``closing`` (waited while ``closing`` was set: at the end of training, at once).
+    ``link`` may be changed between sends (the harness sets it from the steps measured so far)."""
 
     def __init__(self, world_size: int, link="inter-site", device=None):
         self.link = links.link(link) if isinstance(link, str) else link
         self.n, self.device = world_size, device
-        self.exposed_s = self.modelled_s = self.uncovered_s = 0.0
-        self.count = 0
+        self.sends = []
+        self.closing = False
 
     def __call__(self, flat):
         seconds = links.collective_seconds("all_reduce", flat.numel() * flat.element_size(), self.link, self.n)
-        self.modelled_s += seconds
-        self.count += 1
-        return _InFlight(dist.all_reduce(flat, async_op=True), clock(self.device) + seconds, self)
+        record = {"modelled": seconds, "uncovered": 0.0, "exposed": 0.0, "closing": False}
+        self.sends.append(record)
+        return _InFlight(dist.all_reduce(flat, async_op=True), clock(self.device) + seconds, self, record)
 
 
 class _InFlight:
-    def __init__(self, work, ready_at: float, owner: LinkInFlight):
-        self.work, self.ready_at, self.owner = work, ready_at, owner
+    def __init__(self, work, ready_at: float, owner: LinkInFlight, record: dict):
+        self.work, self.ready_at, self.owner, self.record = work, ready_at, owner, record
 
     def wait(self):
         start = clock(self.owner.device)
-        self.owner.uncovered_s += max(0.0, self.ready_at - start)
+        self.record["uncovered"] = max(0.0, self.ready_at - start)
+        self.record["closing"] = self.owner.closing
         self.work.wait()
         left = self.ready_at - clock(self.owner.device)
         if left > 0:
             time.sleep(left)
-        self.owner.exposed_s += clock(self.owner.device) - start
+        self.record["exposed"] = clock(self.owner.device) - start
         return True
