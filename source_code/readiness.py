@@ -51,6 +51,28 @@ def check_torch(args) -> str:
     return f"torch {torch.__version__}, Python {sys.version.split()[0]}"
 
 
+# what the notebooks and jobs import besides torch: a site's PyTorch module or container may lack
+# some, and `pip install --no-deps -e .` of the clone installs none of them
+PACKAGES = {"numpy": "every notebook", "sklearn": "every notebook (the embedded digits)",
+            "matplotlib": "every notebook (figures)", "ipykernel": "the lab's kernel",
+            "torchvision": "CIFAR-10", "datasets": "make prepare (WikiText-2)",
+            "lightning": "16", "accelerate": "16", "deepspeed": "16", "torchft": "17",
+            "webdataset": "20", "pyarrow": "20", "torchdata": "20", "litdata": "20"}
+EVERY_NOTEBOOK = ("numpy", "sklearn", "matplotlib")
+
+
+def check_packages(args) -> str:
+    from importlib.util import find_spec
+    missing = [name for name in PACKAGES if find_spec(name) is None]
+    pip = "python3 -m pip install --user " + " ".join("scikit-learn" if n == "sklearn" else n for n in missing)
+    if any(n in EVERY_NOTEBOOK for n in missing):
+        raise AssertionError(f"missing {', '.join(missing)}: `{pip}` with the course's Python loaded")
+    if missing:
+        raise Warn(f"missing {', '.join(f'{n} ({PACKAGES[n]})' for n in missing)}: what the notebooks "
+                   f"named need; `{pip}` with the course's Python loaded")
+    return f"the {len(PACKAGES)} packages the notebooks import besides torch are here"
+
+
 def check_policy(args) -> str:
     from source_code import device_policy
     try:
@@ -161,7 +183,7 @@ def check_disk(args) -> str:
     return f"{free_gb:.0f} GB free in {where.resolve()}"
 
 
-CHECKS = {"torch": check_torch, "device policy": check_policy, "gloo, 2 processes": check_gloo,
+CHECKS = {"torch": check_torch, "packages": check_packages, "device policy": check_policy, "gloo, 2 processes": check_gloo,
           "NCCL": check_nccl, "Jupyter kernel": check_jupyter, "embedded data": check_data,
           "prepared datasets": check_prepared, "Slurm and site": check_slurm,
           "where notebooks run": check_login_node, "disk for checkpoints": check_disk}

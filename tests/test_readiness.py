@@ -29,6 +29,20 @@ def test_an_old_torch_is_a_fix_not_a_crash(monkeypatch, capsys):
     assert "torch 2.5.1+cu121 is older than 2.6" in capsys.readouterr().out
 
 
+def test_packages_a_site_module_lacks_are_named_with_the_pip_line(monkeypatch, capsys):
+    from importlib import util
+    real = util.find_spec
+    gone = {"sklearn": None, "torchft": None}
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: gone[name] if name in gone else real(name, *a))
+    assert readiness.main(["--only", "packages"]) == 1          # every notebook needs scikit-learn
+    out = capsys.readouterr().out
+    assert "FIX" in out and "python3 -m pip install --user scikit-learn torchft" in out
+    del gone["sklearn"]
+    assert readiness.main(["--only", "packages"]) == 0          # notebook 17's package: a warning
+    out = capsys.readouterr().out
+    assert "WARN" in out and "torchft (17)" in out and "1 WARN row" in out
+
+
 def test_unknown_check_is_refused():
     with pytest.raises(SystemExit):
         readiness.main(["--only", "coffee"])

@@ -32,7 +32,7 @@ site_environment() {
     # The Stage's own PyTorch module is older than the workshop needs (torch >= 2.6): load
     # Python from the Stage and use the workshop venv built on it (WORKSHOP_VENV), torchrun_jsc
     # installed there. STAGE picks the Stage.
-    module load "Stages/${STAGE:-2025}" GCC OpenMPI Python
+    module load "Stages/${STAGE:-2026}" GCC OpenMPI Python
     # the sockets of NCCL/gloo on the InfiniBand interface
     export NCCL_SOCKET_IFNAME=ib0
     export GLOO_SOCKET_IFNAME=ib0
