@@ -13,7 +13,7 @@ are added in another order than the reference adds them (gloo's reduce-scatter, 
 weights differ in the last bits and Adam carries that on: reported, not checked. In fp64 the
 same code must land within --tol of the fp64 reference: that is the check. Printed, rank 0:
 
-    parity: impl=own_fsdp_fp64 world_size=N steps=S max_abs_diff=D max_ulps=U bitwise=True|False
+    parity: impl=own_fsdp_fp64 world_size=N steps=S max_abs_diff=D max_ulps=U bitwise=True|False worst=NAME
             (and own_fsdp, fully_shard in fp32 and fp64, own_fsdp against fully_shard; own_fsdp_bf16
             against fully_shard_bf16, and against own_fsdp in fp32)
     bytes: impl=ddp resident=B gathered=G peak=P backward_peak=K   (per rank, one line each)
@@ -184,9 +184,10 @@ def run(ctx, args) -> dict:
                            ("own_fsdp_bf16_vs_own_fsdp", got["own_fsdp_bf16"], got["own_fsdp"])):
             d, ulps = max_diff(a, b), max_ulps(a, b)
             bitwise = all(torch.equal(a[k], b[k]) for k in a)
-            res["parity"][name] = {"max_abs_diff": d, "bitwise": bitwise, "max_ulps": ulps}
+            worst = max(a, key=lambda k: (a[k] - b[k]).abs().max().item())   # the tensor holding d
+            res["parity"][name] = {"max_abs_diff": d, "bitwise": bitwise, "max_ulps": ulps, "worst": worst}
             print0(f"parity: impl={name} world_size={ctx.world_size} steps={args.steps} "
-                   f"max_abs_diff={d:.3g} max_ulps={ulps:.3g} bitwise={bitwise}")
+                   f"max_abs_diff={d:.3g} max_ulps={ulps:.3g} bitwise={bitwise} worst={worst}")
         counted = res["bytes"]
         res["state_ratio"] = counted["own_fsdp"]["resident"] / counted["ddp"]["resident"]
         res["backward_peak_ratio"] = counted["own_fsdp"]["backward_peak"] / counted["ddp"]["backward_peak"]
