@@ -29,12 +29,11 @@ from source_code.errors import LaunchError, run_main
 # srun's options that take a separate value (the others are --flag or --option=value)
 _WITH_VALUE = {"-c", "--cpus-per-task", "-o", "--output", "-J", "--job-name", "--jobid"}
 # the task layout: --ntasks-per-node, -n/--ntasks and -N/--nodes are honoured as srun does in a
-# batch job (the job's SLURM_NTASKS is its -n when neither -n nor -N is given; a -N on the line
-# sets the job's task count aside); tasks spread over the nodes in blocks, as evenly as they go
-# (Slurm's default distribution), at least one a node
+# batch job (the job's SLURM_NTASKS is its -n when none is given); tasks spread over the nodes in
+# blocks, as evenly as they go (Slurm's default distribution), at least one a node
 PRETEND_SRUN = r"""
 srun() {
-    local per_node=$TASKS_PER_NODE ntasks="" nodes=$SLURM_NNODES given_per_node="" given_nodes=""
+    local per_node=$TASKS_PER_NODE ntasks="" nodes=$SLURM_NNODES given_per_node=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --ntasks-per-node) per_node=$2; given_per_node=1; shift 2 ;;
@@ -42,18 +41,17 @@ srun() {
             -n|--ntasks) ntasks=$2; shift 2 ;;
             -n*) ntasks=${1#-n}; shift ;;
             --ntasks=*) ntasks=${1#--ntasks=}; shift ;;
-            -N|--nodes) nodes=$2; given_nodes=1; shift 2 ;;
-            -N*) nodes=${1#-N}; given_nodes=1; shift ;;
-            --nodes=*) nodes=${1#--nodes=}; given_nodes=1; shift ;;
+            -N|--nodes) nodes=$2; shift 2 ;;
+            -N*) nodes=${1#-N}; shift ;;
+            --nodes=*) nodes=${1#--nodes=}; shift ;;
             %s) shift 2 ;;
             -*) shift ;;
             *) break ;;
         esac
     done
-    # in a batch job srun reads the job's SLURM_NTASKS as its -n unless the line gives -n or -N,
-    # and ignores a --ntasks-per-node that does not fit it (with Slurm's own warning)
-    if [ -z "$ntasks" ] && [ -z "$given_nodes" ] && [ -n "$given_per_node" ] \
-            && (( ${SLURM_NTASKS:-0} != nodes * per_node )); then
+    # in a batch job srun reads the job's SLURM_NTASKS as its -n, and ignores a --ntasks-per-node
+    # that does not fit it (with Slurm's own warning)
+    if [ -z "$ntasks" ] && [ -n "$given_per_node" ] && (( ${SLURM_NTASKS:-0} != nodes * per_node )); then
         echo "srun: Warning: can't honor --ntasks-per-node set to $per_node which doesn't match the requested tasks $SLURM_NTASKS with the number of requested nodes $nodes. Ignoring --ntasks-per-node." >&2
         ntasks=$SLURM_NTASKS given_per_node=""
     fi
