@@ -54,6 +54,8 @@ def test_crossover_helpers_on_a_made_up_summary():
     summary["times"] = {"parameter_server": {s: [1.0, 2.0, 9.0] for s in sizes},
                         "ring": {s: [2.0, 1.0, 3.0, 5.0, 5.0] if s == sizes[-1] else [2.0, 1.0, 3.0] for s in sizes}}
     assert bench.paired_ratios(summary) == {s: 2.0 for s in sizes}
+    # fastest call over fastest call: a disturbed call (9.0, 5.0) cannot tip it
+    assert bench.fastest_ratios(summary) == {s: 1.0 for s in sizes}
     # the fit and the measurements agree, or say differently where the crossover is
     assert bench.crossovers_agree(4e5, 2**19, sizes[-1])
     assert not bench.crossovers_agree(4e5, 2**23, 2**24)                # 20 x apart

@@ -222,6 +222,15 @@ def paired_ratios(summary: dict, slow_small: str = "parameter_server", fast_larg
     return out
 
 
+def fastest_ratios(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring") -> dict:
+    """{size: fastest call of ``slow_small`` / fastest call of ``fast_large``}: the work of a call
+    is fixed, so a busy machine only lengthens it, and each one's fastest call is its least
+    disturbed: a ratio no moment of load can tip, where a median of a few pairs can."""
+    t = summary["times"]
+    return {row["size"]: min(t[slow_small][row["size"]]) / min(t[fast_large][row["size"]])
+            for row in summary["rows"][slow_small]}
+
+
 def crossovers_agree(predicted, measured, largest: float, factor: float = 6) -> bool:
     """The fitted lines and the measurements tell the same story: both cross within ``factor``
     of each other, or both put the crossover at the edge of the measured sizes or past it (no
