@@ -104,6 +104,11 @@ def test_scaling_efficiency_formulas():
     result = {"strong": {1: {"samples_per_s": 1000.0}, 2: {"samples_per_s": 1500.0}},
               "weak": {1: {"samples_per_s": 1000.0}, 2: {"samples_per_s": 1800.0}}}
     assert scaling.efficiencies(result) == {"strong": {1: 1.0, 2: 0.75}, "weak": {1: 1.0, 2: 0.9}}
+    # from CPU time per step: one process 40 ms for 64 samples; two 25 ms each for 32 (strong),
+    # 50 ms each for 64 (weak)
+    cpu = {"strong": {1: {"step_cpu_ms": 40.0}, 2: {"step_cpu_ms": 25.0}},
+           "weak": {1: {"step_cpu_ms": 40.0}, 2: {"step_cpu_ms": 50.0}}}
+    assert scaling.cpu_efficiencies(cpu) == {"strong": {1: 1.0, 2: 0.8}, "weak": {1: 1.0, 2: 0.8}}
 
 
 def _entry(seq, name, sizes):

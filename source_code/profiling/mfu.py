@@ -126,19 +126,29 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def clock(device="cpu"):
+    """The clock a measurement here reads: on a CPU with one compute thread, the CPU time of the
+    calling thread (the computation runs on it: what other processes on the machine do, taking
+    the core away, does not count); elsewhere, the wall clock (a GPU's kernels, or several
+    threads, run outside this thread)."""
+    if torch.device(device).type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def matmul_peak(device="cpu", dtype=torch.float32, n: int | None = None, repeats: int = 5) -> float:
     """FLOP/s of the best of ``repeats`` n x n matmuls (2 n^3 FLOPs each) on ``device``."""
     n = n or (8192 if torch.device(device).type == "cuda" else 1024)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # first call: library start-up
-    best = float("inf")
+    best, now = float("inf"), clock(device)
     for _ in range(repeats):
         sync(device)
-        t0 = time.perf_counter()
+        t0 = now()
         a @ b
         sync(device)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, now() - t0)
     return 2 * n**3 / best
 
 
@@ -152,12 +162,12 @@ def step_time(model, batch: int, seq: int, device="cpu", bf16: bool = False, com
     fwd = torch.compile(model) if compile else model
     x = torch.randint(0, vocab, (batch, seq), device=device)
     y = torch.randint(0, vocab, (batch, seq), device=device)
-    times = []
+    times, now = [], clock(device)
     for i in range(warmup + steps):
         if i >= warmup and before_each is not None:
             before_each()
         sync(device)
-        t0 = time.perf_counter()
+        t0 = now()
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             loss = F.cross_entropy(fwd(x).flatten(0, 1).float(), y.flatten())
         loss.backward()
@@ -165,7 +175,7 @@ def step_time(model, batch: int, seq: int, device="cpu", bf16: bool = False, com
         opt.zero_grad(set_to_none=True)
         sync(device)
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
     return times if all_steps else statistics.median(times)
 
 
@@ -175,7 +185,9 @@ def measure(dim: int = 256, layers: int = 4, seq: int = 128, batch: int = 8, voc
     MFU the fastest step's FLOP/s over the fastest matmul's. A busy machine only slows both (a
     step or a matmul that shares its core with another process), so the least disturbed of each
     is the closest to what this machine does: a median step beside a median matmul still moved
-    with the load (the narrow model came out ahead of the wide one beside a cluster's jobs)."""
+    with the load (the narrow model came out ahead of the wide one beside a cluster's jobs). On a
+    CPU with one thread both are timed on the thread's own CPU clock (``clock``), which the load
+    does not move at all: the fastest of wall-clock times still failed beside six busy processes."""
     torch.manual_seed(0)
     model = models.TransformerLM(vocab_size=vocab, dim=dim, n_layers=layers,
                                  n_heads=max(dim // 64, 1) if dim < 1024 else dim // 128,

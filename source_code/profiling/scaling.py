@@ -76,6 +76,20 @@ def efficiencies(result: dict) -> dict:
     return eff
 
 
+def cpu_efficiencies(result: dict) -> dict:
+    """The same efficiencies from rank 0's CPU time per step (``step_cpu_ms``) instead of the
+    clock: the work a sample costs on n processes against one, which waiting for a core that
+    other programs hold does not change. Strong: c_1 / (n c_n); weak: c_1 / c_n."""
+    eff = {}
+    for kind in ("strong", "weak"):
+        by_n = result[kind]
+        n1 = min(by_n)
+        c1 = by_n[n1]["step_cpu_ms"]
+        eff[kind] = {n: c1 / ((n // n1 if kind == "strong" else 1) * s["step_cpu_ms"])
+                     for n, s in sorted(by_n.items())}
+    return eff
+
+
 def table(result: dict) -> str:
     eff = efficiencies(result)
     lines = [result["device"]] if "device" in result else []

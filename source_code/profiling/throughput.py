@@ -8,6 +8,9 @@
 Every step is timed in two parts: waiting for the next batch (the DataLoader) and the rest
 (forward, backward with DDP's all-reduce, optimizer). ``--decode-rounds`` makes loading a
 sample cost CPU time (workload.SlowDigits); ``--workers`` moves that work into loader processes.
+``data_wait_cpu_ms``: the CPU time the training process itself spends getting a batch (median
+per step): the decoding it does with ``--workers 0``, gone from it with workers, whatever the
+machine's load does to the wait on the clock; ``step_cpu_ms``: the same over the whole step.
 """
 from __future__ import annotations
 
@@ -43,23 +46,25 @@ def measure(ctx, args) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     progress = Progress(args.steps, enabled=ctx.is_main and not args.quiet, every=max(args.steps // 2, 1))
     it = batches(loader, sampler)
-    wait_s, step_s = [], []
+    wait_s, step_s, wait_cpu_s, step_cpu_s = [], [], [], []
     for step in range(args.warmup + args.steps):
         if step == args.warmup:  # the clock starts after the warm-up (first calls, worker start-up)
             progress.start = start = time.perf_counter()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = next(it)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         if step >= args.warmup:
             wait_s.append(t1 - t0)
+            wait_cpu_s.append(c1 - c0)   # this process's own CPU while it got the batch
             step_s.append(t2 - t0)
+            step_cpu_s.append(c2 - c0)   # this process's CPU over the whole step, every thread
             progress.update(step - args.warmup + 1, (step - args.warmup + 1) * per_rank * ctx.world_size)
     seconds = time.perf_counter() - start
     progress.close()
@@ -69,7 +74,9 @@ def measure(ctx, args) -> dict:
             "steps": args.steps, "seconds": seconds,
             "samples_per_s": args.steps * global_batch / seconds,
             "step_ms": 1e3 * statistics.median(step_s), "data_wait_ms": 1e3 * statistics.median(wait_s),
-            "data_wait_share": sum(wait_s) / sum(step_s)}
+            "data_wait_share": sum(wait_s) / sum(step_s),
+            "data_wait_cpu_ms": 1e3 * statistics.median(wait_cpu_s),
+            "step_cpu_ms": 1e3 * statistics.median(step_cpu_s)}
 
 
 def summary(r: dict) -> str:
@@ -77,7 +84,8 @@ def summary(r: dict) -> str:
             f"per_rank_batch={r['per_rank_batch']} workers={r['workers']} "
             f"decode_rounds={r['decode_rounds']} samples_per_s={r['samples_per_s']:.1f} "
             f"step_ms={r['step_ms']:.2f} data_wait_ms={r['data_wait_ms']:.2f} "
-            f"data_wait_share={r['data_wait_share']:.3f}")
+            f"data_wait_share={r['data_wait_share']:.3f} data_wait_cpu_ms={r['data_wait_cpu_ms']:.2f} "
+            f"step_cpu_ms={r['step_cpu_ms']:.2f}")
 
 
 def parser() -> Parser:
