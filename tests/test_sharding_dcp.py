@@ -102,10 +102,18 @@ def test_kill_during_dcp_save_leaves_previous_checkpoint(tmp_path):
         while time.time() < deadline and proc.poll() is None:
             partial = [p for p in ck.glob("step-*.partial-*")] if ck.exists() else []
             if partial and (ck / "latest").exists() and any(p.iterdir() for p in partial):
-                for pid in _children(proc.pid) + [proc.pid]:  # every rank, then torchrun
-                    os.kill(pid, signal.SIGKILL)
-                killed_mid_save = True
-                break
+                # freeze every rank and torchrun first, then look again: a save that renamed its
+                # directory between the look and the freeze is let go, and the next one caught
+                frozen = _children(proc.pid) + [proc.pid]
+                for pid in frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                if all(p.exists() for p in partial):
+                    for pid in frozen:            # every rank, then torchrun
+                        os.kill(pid, signal.SIGKILL)
+                    killed_mid_save = True
+                    break
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
             time.sleep(0.01)
     finally:
         for pid in _children(proc.pid) + ([proc.pid] if proc.poll() is None else []):
