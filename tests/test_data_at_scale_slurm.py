@@ -52,7 +52,7 @@ def test_a_job_killed_mid_epoch_and_requeued_on_one_node_trains_every_sample_onc
     # The counts below come from the step logs both runs wrote (one file per rank and launch,
     # every id of every step), not from the job's summary. WORKSHOP_SITE=local as submit() sets it.
     work = tmp_path / "work"
-    env = {**os.environ, "WORKSHOP_SITE": "local", "WORKDIR": str(work)}
+    env = {**os.environ, "WORKSHOP_SITE": "local", "WORKDIR": str(work), "HOLD": "1"}   # held, released here
     job_id = slurm_cluster.sbatch(ROOT / "slurm" / "data_at_scale_requeue.slurm", env=env, cwd=ROOT,
                                   sbatch_args=["-o", f"{tmp_path}/%x-%j.out"])
     try:
