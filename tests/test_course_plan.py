@@ -111,6 +111,20 @@ def test_every_section_is_marked_and_the_notebook_states_its_computed_time(path)
         f"python -m source_code.slides.fit {path.relative_to(course_plan.NOTEBOOKS.parent)}")
 
 
+@pytest.mark.parametrize("path", DONE, ids=lambda p: p.name[:2])
+def test_self_study_takes_at_least_the_instructor_led_time(path):
+    """The course plan leaves notebooks to self-study "more on one's own": a notebook's own time
+    line never gives less for self-study than its core and optional sections instructor-led."""
+    text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"][:8])
+    led = re.search(r"about (\d+) minutes instructor-led \(its core sections, exercises included"
+                    r"(?:; (\d+) more with the optional ones)?\)", text)
+    alone = re.search(r"(?:self-study (\d+)(?: to \d+)? minutes|(\d+) min(?:utes)?\s+(?:self-study|on your own))",
+                      text[led.end():] if led else "")
+    assert led and alone, f"{path.name}: no time line with instructor-led and self-study minutes"
+    total, own = int(led[1]) + int(led[2] or 0), int(alone[1] or alone[2])
+    assert own >= total, f"{path.name}: {own} minutes on one's own, {total} instructor-led"
+
+
 def test_the_plan_lists_what_each_day_skips():
     text = course_plan.PAGE.read_text()
     nbs = course_plan.notebooks()

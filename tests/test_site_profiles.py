@@ -461,6 +461,10 @@ def test_the_sbatch_check_that_cannot_start_leaves_the_decision_to_sbatch(tmp_pa
                           "sbatch slurm/ddp_multinode.slurm"], cwd=ROOT, capture_output=True, text=True,
                          env={**CLEAN_ENV, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert res.returncode == 0 and res.stdout.strip() == "reached", res.stdout + res.stderr
+    # and it says so, in one line after the shell's own: the check it skipped, how to get it back
+    note = res.stderr.strip().splitlines()[-1]
+    assert note.startswith("note: the site step's partition check could not start (/no/such/python, exit 127)") \
+        and note.endswith("run the site step again in this shell"), res.stderr
 
 
 def test_every_partition_a_profile_names_has_its_limits():

@@ -147,10 +147,15 @@ def shell_lines(pairs: list[tuple[str, str]]) -> str:
 
 def guard_function() -> str:
     """The shell function: this module reads the job first; its exit status 2 stops the
-    submission, anything else (even a Python that cannot start) lets sbatch decide."""
+    submission, anything else lets sbatch decide; a Python that cannot start (exit status 126 or
+    127: a module unloaded, a container's path) says so in one line first, never silently."""
     root = shlex.quote(str(Path(__file__).resolve().parents[2]))
-    return (f"sbatch() {{ PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(sys.executable)} "
-            '-m source_code.launch.site_step "$@"; [ $? = 2 ] && return 2; command sbatch "$@"; }')
+    python = shlex.quote(sys.executable)
+    return (f"sbatch() {{ PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {python} "
+            '-m source_code.launch.site_step "$@"; local s=$?; [ $s = 2 ] && return 2; '
+            f'[ $s -ge 126 ] && echo "note: the site step\'s partition check could not start '
+            f'({python}, exit $s): the job goes to sbatch unchecked; run the site step again in this shell" >&2; '
+            'command sbatch "$@"; }')
 
 
 OPTIONS = {"-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition",
