@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -188,7 +189,8 @@ def test_jupyterlab_lists_notebooks_and_runs_a_cell(lab):
         _execute(ws, CELL_SETUP)
         _, out = _execute(ws, cell)
         assert "#SBATCH --nodes=" in out, out
-        assert "WORKSHOP_SITE=lumi" in out and "WORKSHOP_SITE=puhti" in out, out
+        sites = set(re.findall(r"WORKSHOP_SITE=(\w+)", out))   # the cell's headers, one per site it shows
+        assert "lumi" in sites and len(sites) >= 2, out
     finally:
         if ws is not None:
             ws.close()
