@@ -191,12 +191,38 @@ def test_where_each_windows_seconds_went_on_made_up_logs():
                                    recovery.IN_STEPS: 5.5 - 0.1 - 1.25 - 0.4 - 3.4})
     pause = recovery.longest_pause(m, logs, victim=1, until=7)        # 7.0 -> 9.0, the heal step
     assert (pause["step"], pause["seconds"], pause["between"], pause["allreduce"]) == pytest.approx((7, 2.0, 1.5, 0.3))
-    assert m["waits_per_step_s"] == {"quorum": 0.0, "commit": 0.0}    # none logged before the kill
+    assert m["waits_per_step_s"] == {r: {"quorum": 0.0, "commit": 0.0} for r in (0, 1)}   # none logged before the kill
     logs = _restart_logs()
     logs[1].insert(6, _ev(18.0, event="start", attempt=1))
     m = recovery.restart_metrics(logs, batch_size=32)
     relaunch, redo, new = recovery.restart_time_parts(m, logs, until=6).values()
     assert (relaunch, redo, new) == pytest.approx((18.0 - 5.5, 25.0 - 18.0, 26.0 - 25.0))
+
+
+def test_each_groups_own_waits_and_the_window_split_into_the_failure_and_the_pace():
+    logs = _ft_logs()
+    asked_late = {1.0: 0.2, 2.0: 0.3, 3.0: 0.4}          # group 1 waits for group 0 to ask, each step
+    logs[1] = [dict(e, quorum_s=asked_late[e["t"]]) if e.get("event") == "step" and e["t"] in asked_late else e
+               for e in logs[1]]
+    logs[0] = [dict(e, quorum_s=0.001) if e.get("event") == "step" and e["t"] <= 3.0 else e for e in logs[0]]
+    waits = recovery.ft_metrics(logs, victim=1, batch_size=32)["waits_per_step_s"]
+    assert (waits[0]["quorum"], waits[1]["quorum"]) == pytest.approx((0.001, 0.3))    # medians, per group
+    window = {"seconds": 6.0, "samples_trained": 120,
+              "parts": {recovery.DISCARDED: 0.5, recovery.QUORUM_ALONE: 2.5, recovery.BETWEEN: 3.0}}
+    window.update(recovery.split_window(window, recovery.FAILURE_PARTS["torchft"], steps=3))
+    assert (window["failure_s"], window["stepping_s"], window["pace_s"]) == pytest.approx((3.0, 3.0, 1.0))
+    assert recovery.goodput_at_pace(window, 3, 1.0) == pytest.approx(window["samples_trained"] / window["seconds"])
+    assert recovery.goodput_at_pace(window, 3, 0.5) == pytest.approx(120 / 4.5)      # only the steps go faster
+
+
+def test_the_lone_rounds_before_the_first_world_of_two_are_counted_per_agent():
+    lines = {"A": ["restart_count=0", "group_world_size=1", "[default] Detected 1 new nodes from group_rank=0; "
+                   "will restart worker group", "restart_count=0", "group_world_size=2", "restart_count=1",
+                   "group_world_size=1"],
+             "B": ["restart_count=0", "group_world_size=1", "group_world_size=1", "group_world_size=2"],
+             "C": ["group_world_size=2"]}
+    assert elastic.lone_start_rounds(lines) == {"A": 1, "B": 2}      # A's later world of 1 is the shrink
+    assert elastic.lone_start_rounds({"A": ["group_world_size=2"], "B": ["group_world_size=2"]}) == {"A": 0, "B": 0}
 
 
 def test_losses_at_equal_steps_and_time():

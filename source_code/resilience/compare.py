@@ -13,7 +13,9 @@ One kill at the same point in both runs (worker 1 dies inside its gradient all-r
 Both are measured from their step logs (recovery.py): steps lost, samples lost (never trained)
 and, apart from them, sample computations thrown away, the steps discarded, time without
 progress; over one window for both (from the kill to the step where torchft has every group
-back) the seconds it took, the samples trained and the goodput; the loss at equal steps (the end) and
+back) the seconds it took, split into the failure's and the stepping's (whose pace differs between
+two runs made one after the other), the samples trained and the goodput, also with both runs' steps
+at one pace; the loss at equal steps (the end) and
 at equal time after the kill (both back at full batch). The model is fixed and tiny (the
 lesson is the failures); ``--step-seconds`` stands in for a bigger model's step time. Then the
 corruption drill (sdc_drill.py): bits flipped in one replica's state (found by the checksums)
@@ -100,6 +102,14 @@ def compare(steps: int = 20, kill_at: int = 10, snapshot_every: int = 8, step_se
     ft["window"]["parts"] = recovery.ft_time_parts(ft, ft["events"], ft["victim"], until)
     ft["window"]["pause"] = recovery.longest_pause(ft, ft["events"], ft["victim"], until)
     restart["window"]["parts"] = recovery.restart_time_parts(restart, restart["events"], until)
+    # the failure's seconds apart from the pace of the window's steps, and both goodputs at one pace
+    runs, new_steps = {"torchft": ft, "restart": restart}, until - kill_at
+    for name, run in runs.items():
+        run["window"].update(recovery.split_window(run["window"], recovery.FAILURE_PARTS[name], new_steps))
+    paces = {name: run["window"]["pace_s"] for name, run in runs.items()}
+    for run in runs.values():
+        run["window"]["goodput_at_pace"] = {name: recovery.goodput_at_pace(run["window"], new_steps, pace)
+                                            for name, pace in paces.items()}
     after = max(run["window"]["seconds"] for run in (ft, restart))     # both back at full batch
     for run in (ft, restart):
         run["loss_at_seconds"] = recovery.loss_at_seconds(run["evals"], run["kill_t"] - run["start_t"] + after)
@@ -139,6 +149,9 @@ def summary_line(res: dict) -> str:
             f"heartbeat_timeout_s={ft['timeouts']['heartbeat_timeout_s']:.1f} "
             f"step_ms_when_nothing_fails ft={1e3 * ft['step_seconds']:.0f} restart={1e3 * rs['step_seconds']:.0f} "
             f"kill_to_step_{res['window_step']}: goodput_samples_per_s ft={fw['goodput']:.0f} restart={rw['goodput']:.0f} "
+            f"failure_s ft={fw['failure_s']:.2f} restart={rw['failure_s']:.2f} "
+            f"step_ms ft={1e3 * fw['pace_s']:.0f} restart={1e3 * rw['pace_s']:.0f} "
+            f"goodput_at_restart_pace ft={fw['goodput_at_pace']['restart']:.0f} restart={rw['goodput_at_pace']['restart']:.0f} "
             f"loss_at_step_{res['steps']} ft={ft['final_loss']:.4f} restart={rs['final_loss']:.4f} "
             f"loss_{res['equal_seconds_after_kill']:.2f}s_after_kill ft={ft['loss_at_seconds']['eval_loss']:.4f} "
             f"restart={rs['loss_at_seconds']['eval_loss']:.4f} "

@@ -8,9 +8,11 @@ agent hosts it, as the first node of a job would). Each agent is torchrun's own 
 process forked with torch imported (forked.py), and forks its workers (torchrun's
 ``--start-method=fork --run-path``): on a cluster each would import torch anew, seconds a
 start that the drill does not measure. The drill:
-1. agents A and B form a world of 2 (with MAX nodes present the rendezvous completes at once;
-   if B's agent is late, A's round closes alone after ``last_call_timeout``, and A's worker waits
-   at sample 0, ``--hold-at 0,..``, until B's arrival restarts it into the world of 2);
+1. agents A and B form a world of 2. A round completes at once with MAX nodes in it; an agent
+   alone in it for ``last_call_timeout`` (its peer still starting, or still stopping a worker
+   for the next round) closes it alone, and its lone worker waits at sample 0 (``--hold-at
+   0,..``) until the other's arrival restarts it: the rounds may go back and forth
+   (``lone_start_rounds`` counts them) until both are in one; none trains a step;
 2. once the checkpoint after ``--kill-after`` samples is the latest, node B dies: its worker
    SIGKILLs its agent and itself (``--die-at``, resilience/faults.py: decided by the node, not
    by a poller); A's worker fails in its next all-reduce, A restarts its workers (one of
@@ -40,8 +42,10 @@ from source_code.resilience import elastic_history, elastic_train, forked
 # the rendezvous's timeouts (torchrun's defaults: 600, 30, 5, 3), printed by the notebook:
 # a node whose agent sent no heartbeat for keep_alive_interval x keep_alive_max_attempt seconds
 # is dead (it holds the next round that long; a live agent starved that long would be dropped);
-# a round with MIN..MAX-1 nodes waits last_call_timeout for more before it completes
-RDZV_TIMEOUTS = {"join_timeout": 60, "last_call_timeout": 1, "keep_alive_interval": 1, "keep_alive_max_attempt": 5}
+# a round with MIN..MAX-1 nodes waits last_call_timeout for more before it completes: above the
+# rendezvous's own poll (an agent waiting for the next round looks once a second), so that it
+# can join before the round closes (at 1 s the agents often closed rounds alone, in turn)
+RDZV_TIMEOUTS = {"join_timeout": 60, "last_call_timeout": 2, "keep_alive_interval": 1, "keep_alive_max_attempt": 5}
 RDZV_CONF = ",".join(f"{k}={v}" for k, v in RDZV_TIMEOUTS.items())
 AGENT_LINES = ("group_world_size=", "restart_count=", "will restart worker group")   # torchrun's
 
@@ -165,9 +169,20 @@ def drill(kill_after: int = 32, samples: int = 128, batch_size: int = 8, sample_
                                                                                   key=lambda kv: names.get(kv[0], ""))}
     res["agent_lines"] = {a.name: [short(x) for x in a.lines if any(k in x for k in AGENT_LINES[:3])]
                           for a in agents}
+    res["lone_start_rounds"] = lone_start_rounds(res["agent_lines"])
     res["reference_loss"] = elastic_history.reference_loss(samples, batch_size)
     res.update(kill_after=kill_after, hold_at=hold_at)
     return res
+
+
+def lone_start_rounds(agent_lines: dict, names=("A", "B")) -> dict:
+    """Per agent, the rounds it was given alone (``group_world_size=1``) before its first world of 2."""
+    counts = {}
+    for name in names:
+        sizes = [line.split("group_world_size=")[1].split()[0] for line in agent_lines.get(name, [])
+                 if "group_world_size=" in line]
+        counts[name] = sizes.index("2") if "2" in sizes else len(sizes)
+    return counts
 
 
 def summary_line(r: dict) -> str:

@@ -16,7 +16,10 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   ``S`` at which both are back at full batch (the first step torchft trains with every group
   again); each run's seconds there, the samples of steps kill+1..S it trained and its goodput
   (those samples per second). Per failure, not per run length; what a run pays on every step,
-  failure or not, is its step before the kill (``step_seconds``, the median), not counted here;
+  failure or not, is its step before the kill (``step_seconds``, the median), not counted here.
+  The window's seconds mix the failure's cost with the pace of the steps in it, which differs
+  between two runs made one after the other: ``split_window`` separates them, and
+  ``goodput_at_pace`` gives the goodput of both at one pace;
 * the model each run held against time (``evals``: from the commit of each evaluated step by the
   first process to commit it, the same moment as ``commits``; for a restart the snapshot's model
   from the kill until its redone steps commit, the first attempt's later evaluations dropped),
@@ -153,6 +156,29 @@ def longest_pause(run: dict, events: dict, victim: int, until: int) -> dict:
             "in_step": seconds - between - sum(waits.values())}
 
 
+RELAUNCH, REDONE, NEW_STEPS = ("relaunch (to a restarted worker's start)", "snapshot read, lost steps redone",
+                               "new steps")
+
+
+# the parts of each window in which no new step could be made: the failure's own cost
+FAILURE_PARTS = {"torchft": (DISCARDED, QUORUM_ALONE), "restart": (RELAUNCH, REDONE)}
+
+
+def split_window(window: dict, failure_parts: tuple, steps: int) -> dict:
+    """A window's seconds (``window["parts"]`` filled in) in two: the failure's (its
+    ``failure_parts``: no new step possible) and the stepping (the rest, over the window's
+    ``steps`` new global steps: the run's pace there, which load and per-step work set)."""
+    failure = sum(window["parts"][p] for p in failure_parts)
+    stepping = window["seconds"] - failure
+    return {"failure_s": failure, "stepping_s": stepping, "pace_s": stepping / steps}
+
+
+def goodput_at_pace(window: dict, steps: int, pace_s: float) -> float:
+    """The window's samples per second had its ``steps`` new steps taken ``pace_s`` each,
+    the failure's seconds unchanged (``split_window``'s figures in ``window``)."""
+    return window["samples_trained"] / (window["failure_s"] + steps * pace_s)
+
+
 def restart_time_parts(run: dict, events: dict, until: int) -> dict:
     """Where a restarted job's seconds from the kill to its commit of step ``until`` went: the
     relaunch (to the first restarted worker's start), reading the snapshot and redoing the
@@ -161,8 +187,7 @@ def restart_time_parts(run: dict, events: dict, until: int) -> dict:
     starts = [e["t"] for evs in events.values() for e in evs if e.get("event") == "start" and e.get("attempt") == 1]
     started = min(starts) if starts else run["kill_t"]
     redone = max(started, run["commits"][run["kill_step"]])
-    return {"relaunch (to a restarted worker's start)": started - run["kill_t"],
-            "snapshot read, lost steps redone": redone - started, "new steps": run["commits"][until] - redone}
+    return {RELAUNCH: started - run["kill_t"], REDONE: redone - started, NEW_STEPS: run["commits"][until] - redone}
 
 
 def loss_at_seconds(evals: list, seconds: float) -> dict:
@@ -235,10 +260,12 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "samples_lost": sum(batch_size - trained.get(s, 0) for s in committed_steps),
             "seconds": last - t0, "commits": commits, "trained": trained,
             "step_seconds": _step_seconds(commits, kill["step"]),
-            # torchft's own waits on a step when nothing fails, timed in this run (median before the kill)
-            "waits_per_step_s": {name: _median([e.get(f"{name}_s", 0.0) for e in every
-                                                if e["committed"] and e["t"] <= kill["t"]])
-                                 for name in ("quorum", "commit")},
+            # each group's own waits on a step when nothing fails (median before the kill): the
+            # group that asks for the quorum last waits for the lighthouse alone (torchft's cost),
+            # another one also for that group to ask (the slowest peer, which DDP waits for too)
+            "waits_per_step_s": {r: {name: _median([e.get(f"{name}_s", 0.0) for e in _steps(evs)
+                                                    if e["committed"] and e["t"] <= kill["t"]])
+                                     for name in ("quorum", "commit")} for r, evs in events.items()},
             "full_step": full[0] if full else None,          # back at full batch (every group)
             "final_step": max(e["step"] for e in ends) if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),
