@@ -38,6 +38,10 @@ def waste_fraction(interval_s: float, snapshot_s: float, mtbf_s: float) -> float
     _check(snapshot_s, mtbf_s)
     if not interval_s > 0:
         raise ValueError(f"interval must be positive seconds, got {interval_s}")
+    return _waste(interval_s, snapshot_s, mtbf_s)
+
+
+def _waste(interval_s: float, snapshot_s: float, mtbf_s: float) -> float:
     periods = (interval_s + snapshot_s) / mtbf_s
     if periods > 700:                                   # exp() overflows: nothing is ever kept
         return 1.0
@@ -45,16 +49,22 @@ def waste_fraction(interval_s: float, snapshot_s: float, mtbf_s: float) -> float
 
 
 def best_interval(snapshot_s: float, mtbf_s: float) -> float:
-    """The compute time between snapshots that minimises ``waste_fraction`` (bisection on the
-    derivative's zero: exp((tau + C)/M) (1 - tau/M) - 1 falls from > 0 to -1 on (0, M))."""
+    """The compute time between snapshots that minimises ``waste_fraction``, found numerically:
+    a golden-section search on (0, M), where the waste first falls, then rises."""
     _check(snapshot_s, mtbf_s)
+    shrink = (math.sqrt(5) - 1) / 2
     lo, hi = 0.0, mtbf_s
+    a, b = hi - shrink * (hi - lo), lo + shrink * (hi - lo)
+    waste_a, waste_b = _waste(a, snapshot_s, mtbf_s), _waste(b, snapshot_s, mtbf_s)
     for _ in range(200):
-        mid = (lo + hi) / 2
-        if mid < mtbf_s and (mid + snapshot_s) / mtbf_s + math.log1p(-mid / mtbf_s) > 0:   # its log
-            lo = mid
-        else:
-            hi = mid
+        if waste_a <= waste_b:                      # the least waste lies left of b
+            hi, b, waste_b = b, a, waste_a
+            a = hi - shrink * (hi - lo)
+            waste_a = _waste(a, snapshot_s, mtbf_s)
+        else:                                       # ... right of a
+            lo, a, waste_a = a, b, waste_b
+            b = lo + shrink * (hi - lo)
+            waste_b = _waste(b, snapshot_s, mtbf_s)
     return (lo + hi) / 2
 
 
