@@ -13,7 +13,7 @@ One kill at the same point in both runs (worker 1 dies inside its gradient all-r
 Both are measured from their step logs (recovery.py): steps lost, samples lost (never trained)
 and, apart from them, sample computations thrown away, the steps discarded, time without
 progress; over one window for both (from the kill to the step where torchft has every group
-back) the seconds it took, split into the failure's and the stepping's (whose pace differs between
+back) the seconds it took, split into the failure's and the stepping's (whose pace can differ between
 two runs made one after the other), the samples trained and the goodput, also with both runs' steps
 at one pace; the loss at equal steps (the end) and
 at equal time after the kill (both back at full batch). The model is fixed and tiny (the
