@@ -134,17 +134,18 @@ def test_weight_comparison_fails_on_a_missing_parameter():
 
 @pytest.mark.parametrize("sizes", [dict(dp_shard=2, tp=4, ep=2), dict(dp_replicate=2, dp_shard=2, tp=2, ep=2),
                                    dict(pp=2, cp=2, tp=4, ep=4), dict(dp_shard=4, cp=2, ep=4),
-                                   dict(pp=2, dp_replicate=2, cp=2, tp=4, ep=2)])
+                                   dict(pp=2, dp_replicate=2, cp=2, tp=4, ep=2), dict(dp_shard=3, tp=2, ep=3),
+                                   dict(dp_shard=3, tp=2, ep=6)])
 def test_expert_gradient_group_of_torchtitans_sparse_mesh(sizes):
     """Summed over ("dp_replicate", "efsdp"), each expert's gradient is one process's; the dp x cp
-    rule misses the tokens of the tp ranks outside the ep group wherever tp > ep."""
+    rule misses the tokens of the tp ranks outside the ep group unless tp divides ep."""
     from source_code.capstone import expert_groups as g
     assert g.check(g.expert_grad_group, **sizes) == 0
     world = g.layouts(**sizes)["sparse"].numel()
     efsdp = sizes.get("dp_shard", 1) * sizes.get("cp", 1) * sizes.get("tp", 1) // sizes["ep"]
     assert all(len(g.expert_grad_group(r, **sizes)) == sizes.get("dp_replicate", 1) * efsdp for r in range(world))
     rule_right = g.check(g.dp_cp_rule, **sizes) == 0
-    assert rule_right == (sizes.get("tp", 1) <= sizes["ep"]), sizes
+    assert rule_right == (sizes["ep"] % sizes.get("tp", 1) == 0), sizes
 
 
 def test_expert_gradient_group_for_dp_shard_2_tp_4_ep_2():

@@ -12,8 +12,10 @@ An expert's weights are sharded over "ep" and FSDP-wrapped over "efsdp" (replica
 "dp_replicate"), so its gradient is reduced over ("dp_replicate", "efsdp"): every rank of its
 pipeline stage that holds the same experts. In the MoE layer the tp ranks split the tokens too (``moe_sharding.py``: MoE
 "reuses the mesh axis named TP for sequence-token sharding"), so every rank of that group routed
-other tokens. ``check`` proves it on one process by counting tokens: each rank's expert gradient
-after the reduction must equal one process's, whose every token reaches its expert once.
+other tokens. ``check`` shows it on one process by counting tokens (its model is that every rank
+of the region routes tokens of its own): each rank's expert gradient after the reduction must
+equal one process's, whose every token reaches its expert once. The dp x cp rule (``dp_cp_rule``)
+is enough only where tp divides ep.
 
     from source_code.capstone import expert_groups
     expert_groups.check(expert_groups.expert_grad_group, dp_shard=2, tp=4, ep=2)   # 0

@@ -6,8 +6,9 @@ read them from there.
 
 Run it as one task per node (``srun --ntasks-per-node=1``): ``{node}`` in ``--to`` becomes
 this node's name (SLURMD_NODENAME, else the host name). On a real cluster the node-local
-directory is the node's own anyway (Puhti and Mahti: ``$LOCAL_SCRATCH``, asked for with
-``--gres=nvme:<GB>``; LUMI: ``/tmp``, which lives in the node's memory); on the workshop's
+directory is the node's own anyway (Roihu: its local disk; LUMI: ``/tmp``, which lives in the
+node's memory; Puhti and Mahti, retired in 2026, had ``$LOCAL_SCRATCH`` asked for with
+``--gres=nvme:<GB>``); on the workshop's
 test cluster both nodes run on one machine and share ``/tmp``, so the node's name in the
 directory keeps each node's copy its own, as on a real cluster. Each file is written under a
 temporary name and renamed when complete, and the directory gets its ``.staged`` list last: a
@@ -40,9 +41,8 @@ from source_code.errors import LaunchError, run_main
 
 MARK = ".staged"
 
-# Node-local space per node of the sites' GPU partitions, in GB (10^9 bytes; the CSC pages give
-# GiB, converted): (site, GB, what it is, source)
-GIB = 2**30 / 1e9
+# Node-local space per node of the sites' GPU partitions, in GB (10^9 bytes): (site, GB, what it
+# is, source)
 NODE_LOCAL = [
     ("LUMI standard-g", 460, "no local disk: /tmp is in the node's memory (about 460 GB of it usable, "
      "shared with the job's own memory)",
@@ -50,10 +50,9 @@ NODE_LOCAL = [
      "04-data-storage ('all ca. 460GB of RAM is available for RAMfs' on standard-g)"),
     ("LUMI small-g", 64, "the same /tmp in memory: 64 GB unless the job takes whole nodes "
      "(--mem 0 --exclusive)", "LUMI-AI-Guide, 04-data-storage"),
-    ("Puhti gpu", round(3600 * GIB), "NVMe disk (3600 GiB), $LOCAL_SCRATCH, asked for with --gres=nvme:<GB>",
-     "docs.csc.fi/computing/running/batch-job-partitions (max local storage per node)"),
-    ("Mahti gpusmall/gpumedium", round(3500 * GIB), "NVMe disk (3500 GiB), $LOCAL_SCRATCH, asked for with --gres=nvme:<GB>",
-     "docs.csc.fi/computing/running/batch-job-partitions (max local storage per node)"),
+    ("Roihu gpu", 960, "local disk (0.96 TB per GPU node, shared by the node's jobs; CSC adds network "
+     "NVMe that a job sees as local scratch)",
+     "docs.csc.fi/computing/systems-roihu (Nodes table; Local storage capacity)"),
 ]
 
 
