@@ -1,5 +1,5 @@
-"""Reading overlap from a trace (fake events, no processes), the bf16 policy on the root only,
-and what a bf16 running sum loses.
+"""Reading overlap from a trace (fake events, no processes), the paired step-time comparison,
+the bf16 policy on the root only, and what bf16 logits cost against a bf16 sum kept by hand.
 
     python -m pytest tests/test_sharding_overlap.py
 """
@@ -48,9 +48,27 @@ def test_bf16_policy_casts_only_the_root_output(monkeypatch):
     assert seen[-1][0] is model and all(p.param_dtype == torch.bfloat16 for _, p in seen)
 
 
-def test_a_bf16_running_sum_loses_the_terms_an_fp32_one_keeps():
-    from source_code.sharding.fsdp_demo import running_sums
-    r = running_sums(torch.full((2048,), 3.5))
-    assert r["exact_mean"] == 3.5 and r["fp32_mean"] == 3.5 and r["rounded_once"] == 3.5
-    # from 1024 on, bf16 numbers are 8 apart: adding 3.5 (< 8 / 2) leaves the sum where it is
-    assert r["bf16_mean"] == 1024 / 2048 and r["lost"] > 1024 and r["spacing"] == 2 ** -6
+def test_paired_gap_resolves_a_steady_difference_not_noise():
+    from source_code.sharding.overlap import paired_gap
+    steady = paired_gap([500.0, 650.0, 420.0], [530.0, 681.0, 449.0])    # +30, +31, +29 ms
+    assert steady["diffs"] == [30.0, 31.0, 29.0] and steady["mean"] == 30.0 and steady["resolved"]
+    assert abs(steady["se"] - (1 / 3) ** 0.5) < 1e-12 and steady["t"] == 4.30
+    noisy = paired_gap([500.0, 650.0, 420.0], [570.0, 580.0, 470.0])     # +70, -70, +50 ms
+    assert not noisy["resolved"] and noisy["mean"] > 0
+    assert not paired_gap([500.0], [900.0])["resolved"]                    # one round: no error bar
+
+
+def test_bf16_logits_keep_8_bits_and_torchs_mean_keeps_the_tokens_a_bf16_sum_loses():
+    from source_code.sharding.fsdp_demo import logit_dtypes
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(4096, 64, generator=g)
+    targets = torch.randint(0, 64, (4096,), generator=g)
+    targets[::97] = -100                                                    # ignored tokens
+    r = logit_dtypes(logits, targets)
+    assert r["tokens"] == int((targets != -100).sum())
+    assert 6 < r["loss_bits"] < 12 and 6 < r["grad_bits"] < 12, r         # at bf16's level, not fp32's
+    exact, spacing = r["bf16_terms_exact_mean"], r["spacing"]
+    assert abs(r["bf16_mean"] - exact) <= 4 * spacing, r                  # torch's reduction keeps them
+    assert abs(r["by_hand_bf16_mean"] - exact) > 10 * spacing and r["lost"] > r["tokens"] // 2, r
+    same = logit_dtypes(logits.bfloat16().float(), targets)                 # logits bf16 already:
+    assert same["loss_bits"] > r["loss_bits"]                               # only the outputs round

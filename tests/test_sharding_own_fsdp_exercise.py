@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from source_code.sharding import own_fsdp_exercise
 from source_code.sharding.own_fsdp_exercise import (ExerciseFailed, all_verdicts, check_both,
-                                                    check_reduce_grad, check_zero3_core)
+                                                    check_reduce_grad, check_zero3_core, reduce_grad_passed)
 from source_code.sharding.own_fsdp_core_exercise import free_storage, gather
 from source_code.solutions.nb09_own_fsdp import after_forward, reduce_grad, unshard
 
@@ -83,6 +84,16 @@ def cast_after_the_wire(flat_grad):               # fp32 out, but the sums round
     return mine.float() / world
 
 
+def divided_before_the_cast(flat_grad):          # fp32 sums, but each term rounded in bf16 first
+    world, rank = dist.get_world_size(), dist.get_rank()
+    c = -(-flat_grad.numel() // world)
+    grad = (flat_grad / world).float()
+    padded = torch.cat([grad, grad.new_zeros(c * world - grad.numel())])
+    mine = padded.new_empty(c)
+    dist.reduce_scatter_tensor(mine, padded)
+    return mine
+
+
 def all_gather_then_sum(flat_grad):               # every rank receives every rank's whole gradient
     world, rank = dist.get_world_size(), dist.get_rank()
     c = -(-flat_grad.numel() // world)
@@ -124,6 +135,7 @@ def all_to_all_then_sum(flat_grad):               # right, written another way: 
 RIGHT_REDUCE = [all_to_all_then_sum]
 
 WRONG_REDUCE = [(added_in_bf16, "is torch.bfloat16"), (cast_after_the_wire, "added in bf16"),
+                (divided_before_the_cast, "divided by N in bf16"),
                 (all_gather_then_sum, "sent with all_gather"), (all_reduce_then_slice, "sent with all_reduce"), (no_padding, "not a multiple of 3"),
                 (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
                 (garbage_padding, "must be zeros"),
@@ -263,3 +275,19 @@ def test_references_on_two_ranks_print_one_line_each(capsys):
     assert check_both(reduce_grad, unshard, after_forward, world_size=2)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(line.startswith("correct") for line in out), out
+
+
+def test_only_a_passed_reduce_grad_check_reveals_the_hooks(monkeypatch, capsys):
+    """Notebook 09 prints the lesson's gradient hooks (exercise 2's answer) once
+    reduce_grad_passed(): set by check_reduce_grad passing, not by the other exercise's check,
+    nor by the reference cell's check_both, nor by a failed try (no processes: verdicts faked)."""
+    monkeypatch.setattr(own_fsdp_exercise, "_REDUCE_PASSED", [])
+    monkeypatch.setattr(own_fsdp_exercise, "all_verdicts", lambda fns=(), pairs=(), world_size=3: (
+        [None] * len(fns), [None] * len(pairs)))
+    assert check_zero3_core(unshard, after_forward) and check_both(reduce_grad, unshard, after_forward)
+    assert not reduce_grad_passed()
+    monkeypatch.setattr(own_fsdp_exercise, "verdicts", lambda fns, world_size=3: ["wrong"])
+    assert not check_reduce_grad(reduce_grad) and not reduce_grad_passed()
+    monkeypatch.setattr(own_fsdp_exercise, "verdicts", lambda fns, world_size=3: [None])
+    assert check_reduce_grad(reduce_grad) and reduce_grad_passed()
+    capsys.readouterr()

@@ -14,9 +14,11 @@ Printed lines (``key: k=v ...``), parsed by notebook 09:
 * ``bf16``: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
   output_dtype=float32): bytes all-gathered, the loss (computed in fp32) vs fp32, the dtype of
   the kept shards (fp32: FSDP2's master copy);
-* ``bf16_sum``: why the loss's sum stays fp32: the fp32 model's per-token losses on 256
-  sequences added one after another into an fp32 and into a bf16 accumulator, their means
-  against the exact one, the terms the bf16 sum lost, and the bf16 spacing at the exact mean;
+* ``bf16_logits``: what the policy's fp32 logits save: the fp32 model's logits on 256 sequences,
+  and the same logits cast to bf16, through F.cross_entropy per token, as torch's own mean, and
+  backward (softmax's gradient): the correct bits of each against fp32; the mean of the bf16
+  per-token losses torch's reduction returns against their exact mean, and what a hand-written
+  bf16 accumulator adding them one after another returns (the terms it lost);
 * ``hsdp``: on 4 ranks, mesh (replicate=2, shard=2): placements, local fraction, replicas equal.
 """
 from __future__ import annotations
@@ -72,8 +74,8 @@ def bf16(ctx, cfg) -> dict:
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     x, y = _batch(ctx)
     out = {}
-    # output_dtype=float32: the root's output (the logits) comes back in fp32, so the softmax and
-    # the mean over tokens of the loss run in fp32 (running_sums shows what a bf16 sum loses)
+    # output_dtype=float32: the root's output (the logits) comes back in fp32, so each token's
+    # log-softmax and softmax's gradient keep fp32's 24 bits (logit_dtypes shows what bf16 costs)
     for name, policy in (("fp32", None), ("bf16", MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32))):
         model = build_sharded(cfg, mesh, 0, ctx.device, mp_policy=policy)
@@ -86,34 +88,44 @@ def bf16(ctx, cfg) -> dict:
         if policy is not None:
             out["loss_dtype"] = str(loss.dtype).replace("torch.", "")
             out["shard_dtype"] = str(local(next(model.parameters())).dtype).replace("torch.", "")
-        else:   # the fp32 model's per-token losses on 256 sequences: the terms of the sums below
+        else:   # the fp32 model's logits on 256 sequences: what casting them to bf16 costs
             xs, ys = workload.global_batch(workload.sort_task(256), 0, 256)
             with torch.no_grad():
-                terms = F.cross_entropy(model(xs.to(ctx.device)).flatten(0, 1), ys.flatten().to(ctx.device),
-                                        ignore_index=-100, reduction="none")[ys.flatten() != -100]
-            out["sum"] = running_sums(terms.cpu()) if ctx.rank == 0 else {}   # printed by rank 0
+                logits = model(xs.to(ctx.device))                   # (256, T, vocab) fp32
+            out["logits"] = logit_dtypes(logits.flatten(0, 1), ys.flatten().to(ctx.device)) \
+                if ctx.rank == 0 else {}                             # printed by rank 0
     return out
 
 
-def running_sums(terms: torch.Tensor) -> dict:
-    """The same fp32 terms added one after another into an fp32 and into a bf16 accumulator
-    (the only difference), against their exact (fp64) mean; ``lost``: the terms whose addition
-    left the bf16 sum unchanged. ``spacing``: the gap between bf16 numbers at the exact mean, so
-    rounding the exact mean once to bf16 is off by at most spacing / 2."""
+def correct_bits(got: torch.Tensor, want: torch.Tensor) -> float:
+    """-log2 of the relative error ||got - want|| / ||want||: bf16 keeps 8 significant bits, fp32 24."""
+    return -math.log2(((got.double() - want.double()).norm() / want.double().norm()).item())
+
+
+def logit_dtypes(logits: torch.Tensor, targets: torch.Tensor) -> dict:
+    """The same logits (tokens, vocab) in fp32 and cast to bf16 through F.cross_entropy: per
+    token, torch's own mean and its gradient (softmax minus one-hot, over the tokens); the
+    bf16 per-token losses added one after another into a bf16 accumulator kept by hand.
+    ``spacing``: the gap between bf16 numbers at the exact mean of the bf16 per-token losses."""
+    keep = targets != -100
+    y = targets[keep]
+    z32 = logits[keep].detach().float().requires_grad_()
+    z16 = z32.detach().to(torch.bfloat16).requires_grad_()
+    loss32, loss16 = (F.cross_entropy(z, y, reduction="none").detach() for z in (z32, z16))
+    mean32, mean16 = F.cross_entropy(z32, y), F.cross_entropy(z16, y)   # torch's own reduction
+    (mean32 + mean16.float()).backward()                    # each gradient into its own logits
+    terms = loss16.cpu()                                     # bf16 per-token losses
     exact = terms.double().mean().item()
-    acc32 = torch.zeros((), dtype=torch.float32)
-    acc16 = torch.zeros((), dtype=torch.bfloat16)
-    lost = 0
-    for t in terms:                                         # fp32 scalars, in order
-        acc32 = acc32 + t
-        nxt = (acc16.float() + t).to(torch.bfloat16)        # an accumulator that stays bf16
-        lost += bool(nxt == acc16)
-        acc16 = nxt
-    once = torch.tensor(exact).to(torch.bfloat16).double().item()
-    spacing = 2.0 ** (math.floor(math.log2(abs(exact))) - 7)   # 8 significant bits
-    return {"tokens": terms.numel(), "exact_mean": exact, "fp32_mean": acc32.item() / terms.numel(),
-            "bf16_mean": acc16.float().item() / terms.numel(), "lost": lost,
-            "rounded_once": once, "spacing": spacing}
+    acc, lost = torch.zeros((), dtype=torch.bfloat16), 0
+    for t in terms:                                         # a running sum kept in bf16
+        nxt = acc + t
+        lost += bool(nxt == acc)
+        acc = nxt
+    return {"tokens": terms.numel(), "loss_bits": correct_bits(loss16, loss32),
+            "grad_bits": correct_bits(z16.grad, z32.grad), "fp32_mean": mean32.item(),
+            "bf16_mean": mean16.item(), "bf16_terms_exact_mean": exact,
+            "by_hand_bf16_mean": acc.item() / terms.numel(), "lost": lost,
+            "spacing": 2.0 ** (math.floor(math.log2(abs(exact))) - 7)}   # 8 significant bits
 
 
 def hsdp(ctx, cfg) -> dict:
@@ -159,8 +171,8 @@ def run(ctx, args) -> None:
            f"fp32_reduce_scatter={b['fp32'][1]} bf16_reduce_scatter={b['bf16'][1]} "
            f"fp32_loss={b['fp32'][2]:.6f} bf16_loss={b['bf16'][2]:.6f} loss_dtype={b['loss_dtype']} "
            f"shard_dtype={b['shard_dtype']}")
-    print0("bf16_sum: " + " ".join(f"{k}={v:.8g}" if isinstance(v, float) else f"{k}={v}"
-                                   for k, v in b["sum"].items()))
+    print0("bf16_logits: " + " ".join(f"{k}={v:.8g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in b["logits"].items()))
     if ctx.world_size == 4:
         h = hsdp(ctx, cfg)
         calls = ",".join(f"{k}:{v}" for k, v in sorted(h.pop("calls").items()))

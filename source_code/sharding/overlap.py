@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tempfile
 import time
@@ -184,6 +185,22 @@ def run_variants(ctx, cfg, steps: int, trace_dir: str) -> dict:
                      "step_ms_each": [1e3 * t for t in times[name]], "ahead": b["ahead"],
                      "unsharded_blocks": b["unsharded_blocks"], "calls": b["calls"], "payload": b["payload"]}
     return out
+
+
+# Student's t, two-sided 95 %, by degrees of freedom (rounds - 1); beyond the table, 10's (larger)
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def paired_gap(first: list[float], second: list[float]) -> dict:
+    """``second`` minus ``first`` round by round (step_ms_each of two variants: one step each per
+    round, interleaved), their mean and its standard error, and ``resolved``: the mean further
+    from 0 than Student's t (95 %) standard errors, which few rounds rarely allow."""
+    diffs = [b - a for a, b in zip(first, second)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else math.inf
+    t = T95.get(n - 1, T95[10])
+    return {"diffs": diffs, "mean": mean, "se": se, "t": t, "resolved": abs(mean) > t * se}
 
 
 def main(argv=None):
