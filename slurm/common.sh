@@ -3,7 +3,8 @@
 # Not a job script itself: the job scripts `source` it after finding the repository (ROOT).
 #
 # Inputs (environment; sbatch passes the submitting shell's environment to the job):
-#   WORKSHOP_SITE   puhti | mahti | lumi | jureca | local | local-gpu: slurm/sites/$WORKSHOP_SITE.sh;
+#   WORKSHOP_SITE   roihu | lumi | jureca | local | local-gpu (puhti, mahti: retired, worked
+#                   examples only): slurm/sites/$WORKSHOP_SITE.sh;
 #                   set, with Slurm's own SBATCH_* variables, by the site step in the shell that
 #                   submits: eval "$(python -m source_code.launch.site_profiles --site S
 #                   --account P --format exports)". Without it: `local` on the workshop's own
@@ -148,8 +149,11 @@ fi
 if (( ALLOC_GPUS > 0 && procs < ALLOC_GPUS )); then
     echo "note: $procs process(es) per node for $ALLOC_GPUS GPU(s) per node: $(( ALLOC_GPUS - procs )) GPU(s) idle; one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for fewer GPUs"
 fi
-# fewer cores per GPU than the profile's share: the site step cannot set cores, since sbatch
-# refuses its SBATCH_CPUS_PER_GPU beside the job scripts' --cpus-per-task ("mutually exclusive")
+# fewer cores per GPU than the profile's share: the site step's sbatch function adds the share
+# (--cpus-per-task) to a script of one task a node; what it does not reach (command sbatch, a
+# line's own --cpus-per-task, the lines of --format args with fewer GPUs) gets this note. No
+# variable can do it: Slurm 22.05 refuses SBATCH_CPUS_PER_GPU beside a script's --cpus-per-task
+# ("mutually exclusive"), 23.02.5 and newer drop it
 share=$(( SITE_GPUS_PER_NODE > 0 ? SITE_CPUS_PER_NODE / SITE_GPUS_PER_NODE : 0 ))
 (( share > ${SITE_MAX_CPUS_PER_GPU:-$share} )) && share=$SITE_MAX_CPUS_PER_GPU
 if (( ALLOC_GPUS > 0 && share > 0 )) && [ -n "${SLURM_CPUS_ON_NODE:-}" ] \
@@ -179,5 +183,6 @@ export MASTER_PORT=${MASTER_PORT:-$(( 20000 + ${SLURM_JOB_ID:-0} % 10000 ))}
 
 echo "job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname)}: site $WORKSHOP_SITE ($SITE_NAME)," \
      "$NPROC_PER_NODE process(es) per task, $ALLOC_GPUS GPU(s) per node," \
+     "${STEP_CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-?}} CPU core(s) per task," \
      "python $(command -v "$PYTHON"), module $TRAIN_MODULE" \
      "${IN_CONTAINER[*]:+, in container: ${IN_CONTAINER[*]}}"

@@ -453,6 +453,32 @@ def test_a_bare_line_its_partition_cannot_take_is_refused_before_submission(step
         assert said.startswith("error: ") and refused in said and ": not submitted; " in said, said
 
 
+@pytest.mark.parametrize("step_options,line,added", [
+    # one task a node (torchrun's scripts): the profile's cores per GPU x the job's GPUs a node
+    ("--site lumi --account p --gpus-per-node 2", ["sbatch", "slurm/ddp_multinode.slurm"], "--cpus-per-task=14"),
+    ("--site lumi --account p", ["sbatch", "slurm/ddp_single_node.slurm", "--epochs", "8"], "--cpus-per-task=56"),
+    ("--site jureca --account p", ["sbatch", "slurm/ddp_multinode.slurm"], "--cpus-per-task=128"),
+    ("--site roihu --account p --test", ["sbatch", "slurm/ddp_multinode.slurm"], "--cpus-per-task=288"),
+    ("--site local-gpu --gpus-per-node 1", ["sbatch", "slurm/ddp_single_node.slurm"], "--cpus-per-task=1"),
+    ("--site lumi --account p", ["sbatch", "--gpus-per-node=2", "slurm/ddp_single_node.slurm"], "--cpus-per-task=14"),
+    # the line's own cores, a task per GPU, no job script: nothing added
+    ("--site lumi --account p", ["sbatch", "-c", "8", "slurm/ddp_single_node.slurm"], None),
+    ("--site lumi --account p", ["sbatch", "slurm/ddp_single_node_srun.slurm"], None),
+    ("--site lumi --account p", ["sbatch", "--wrap", "hostname"], None),
+])
+def test_the_sbatch_function_gives_a_task_per_node_script_its_gpus_cores(step_options, line, added):
+    code, said, reached = site_step.try_line(step_options, line, CLEAN_ENV, cwd=ROOT)
+    assert code == 0 and reached, said
+    submitted = next(ln for ln in said.splitlines() if ln.startswith("sbatch reached"))
+    script = next(w for w in line if w.startswith("slurm/") or w == "--wrap")
+    if added is None:
+        assert "--cpus-per-task=" not in submitted and "note: the site step adds" not in said, said
+        assert f"({' '.join(line[1:])})" in submitted, said       # the line as typed
+    else:   # before the line's own words, said in one note line
+        assert f"({added} {' '.join(line[1:])})" in submitted and script in submitted, said
+        assert f"note: the site step adds {added} to the script's one task a node" in said, said
+
+
 def test_the_sbatch_check_that_cannot_start_leaves_the_decision_to_sbatch(tmp_path):
     (tmp_path / "sbatch").write_text("#!/bin/sh\necho reached\n")
     (tmp_path / "sbatch").chmod(0o755)

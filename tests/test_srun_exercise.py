@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from source_code.launch.srun_exercise import check_srun_line, problem
-from source_code.launch.srun_quoting import in_job_script
+from source_code.launch.srun_quoting import LOCAL_SLURM, in_job_script
 from source_code.solutions.nb06_srun import LINE
 
 WRONG = {
@@ -19,10 +19,6 @@ WRONG = {
     r'srun bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"': "tasks started on",
     # --ntasks-per-node=1 alone: srun takes the job's SLURM_NTASKS as -n and ignores it (real Slurm does)
     r'srun --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"':
-        "srun warned that it cannot honor --ntasks-per-node",
-    # -N with --ntasks-per-node=1: still the job's SLURM_NTASKS as -n, with the same warning (Slurm
-    # 22.05.8 on the local cluster, a job of 2 nodes x 2 tasks: 4 tasks, "can't honor --ntasks-per-node")
-    r'srun -N "$SLURM_NNODES" --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"':
         "srun warned that it cannot honor --ntasks-per-node",
     # no shell in the task: the variable arrives as text
     r"srun --ntasks=$SLURM_NNODES echo torchrun --node-rank='$SLURM_NODEID' --nnodes='$SLURM_NNODES'":
@@ -54,7 +50,23 @@ def test_reference_and_its_single_quoted_form_pass(capsys):
                   r'--nnodes=$SLURM_JOB_NUM_NODES"'):
         assert problem(other) == "", other
     check_srun_line(LINE)
-    assert capsys.readouterr().out.startswith("right:")
+    out = capsys.readouterr().out
+    assert out.startswith("right:") and out.count("\n") == 1      # right on 22.05 too: no note
+
+
+# -N with --ntasks-per-node=1 and no -n: from Slurm 23.02.5 (SchedMD 5de93e6e24) a -N on the line
+# sets the job's SLURM_NTASKS aside, one task a node; 22.05.8 (the local cluster, a job of 2 nodes
+# x 2 tasks) warned "can't honor --ntasks-per-node" and started 4
+NODES_AND_PER_NODE = r'srun -N "$SLURM_NNODES" --ntasks-per-node=1 bash -c "echo torchrun --node-rank=\$SLURM_NODEID --nnodes=\$SLURM_NNODES"'
+
+
+def test_a_line_right_on_the_sites_slurm_only_is_right_and_says_what_22_05_does(capsys):
+    assert problem(NODES_AND_PER_NODE) == ""
+    assert "srun warned that it cannot honor --ntasks-per-node" in problem(NODES_AND_PER_NODE, slurm=LOCAL_SLURM)
+    check_srun_line(NODES_AND_PER_NODE)
+    right, note = capsys.readouterr().out.splitlines()
+    assert right.startswith("right:") and note.startswith("note: on Slurm before 23.02.5")
+    assert "tasks started on 2 nodes" in note and "Traceback" not in note
 
 
 @pytest.mark.parametrize("line", list(WRONG))
@@ -72,8 +84,14 @@ def test_the_batch_shell_expands_double_quotes_before_the_tasks_start():
     # -n and -N are honoured: tasks spread over the nodes in blocks, at least one a node
     assert in_job_script(r'srun -n 3 bash -c "echo \$SLURM_NODEID \$SLURM_LOCALID"', 2, 4) == ["0 0", "0 1", "1 0"]
     assert in_job_script(r'srun -N1 bash -c "echo \$SLURM_NODEID"', 2, 2) == ["0", "0"]
-    # a -N on the line does not set the job's task count aside (what Slurm 22.05.8 did here)
-    assert in_job_script(r'srun -N2 --ntasks-per-node=1 bash -c "echo \$SLURM_NODEID"', 2, 2) == ["0", "0", "1", "1"]
+    # a -N on the line sets the job's task count aside from Slurm 23.02.5 on, not before (22.05.8 here)
+    per_node = r'srun -N2 --ntasks-per-node=1 bash -c "echo \$SLURM_NODEID"'
+    assert in_job_script(per_node, 2, 2) == ["0", "1"]
+    assert in_job_script(per_node, 2, 2, slurm=LOCAL_SLURM) == ["0", "0", "1", "1"]
+    assert in_job_script(per_node, 2, 2, slurm=(23, 2, 4)) == ["0", "0", "1", "1"]
+    # --ntasks-per-node with the node count from the job (no -N on the line): ignored on every version
+    alone = r'srun --ntasks-per-node=1 bash -c "echo \$SLURM_NODEID"'
+    assert in_job_script(alone, 2, 2) == in_job_script(alone, 2, 2, slurm=LOCAL_SLURM) == ["0", "0", "1", "1"]
 
 
 def test_the_command_line_refuses_bad_sizes_in_one_line():

@@ -1,6 +1,6 @@
 # local-gpu: the test cluster of tests/slurm_cluster.py as a GPU site would look to its jobs:
 # nodes n1 and n2 each declare 2 GPUs to Slurm as generic resources (a count only: no device
-# exists), so a job must ask for them, as on Puhti, Mahti, LUMI or JURECA, or it is refused; the
+# exists), so a job must ask for them, as on Roihu, LUMI or JURECA, or it is refused; the
 # processes then run on the CPU (the device policy finds no CUDA) and the job says so.
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
 SITE_NAME="local test cluster, GPUs counted by Slurm"

@@ -95,8 +95,9 @@ def cancel(job_id: str, timeout: float = 60) -> dict:
     raise LaunchError(f"error: job {job_id} still in the queue {timeout:.0f} s after scancel")
 
 
-def interactive(*command: str, timeout: float = 60) -> str:
-    """``srun --pty COMMAND`` with a terminal lent by ``script`` (as a participant's shell has)."""
+def interactive(*command: str, timeout: float = 900) -> str:
+    """``srun --pty COMMAND`` with a terminal lent by ``script`` (as a participant's shell has).
+    ``timeout`` includes srun's own wait for a free node (a busy cluster queues it first)."""
     line = " ".join(["srun", "--pty", "--ntasks=1", "--nodes=1", *command])
     out = _run(["script", "-qec", line, "/dev/null"], timeout)
     return "\n".join(ln for ln in out.replace("\r", "").replace("\x00", "").splitlines()

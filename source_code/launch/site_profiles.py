@@ -1,9 +1,9 @@
 """The resource calculator: the right #SBATCH lines for a site and a number of GPUs.
 
     python -m source_code.launch.site_profiles --site lumi --gpus 16
-    python -m source_code.launch.site_profiles --site puhti --gpus 2 --launcher srun
-    python -m source_code.launch.site_profiles --site mahti --gpus 4 --test --time 00:10:00
-    sbatch $(python -m source_code.launch.site_profiles --site mahti --gpus 8 --format args) slurm/ddp_multinode.slurm
+    python -m source_code.launch.site_profiles --site jureca --gpus 2 --launcher srun
+    python -m source_code.launch.site_profiles --site roihu --gpus 4 --test --time 00:10:00
+    sbatch $(python -m source_code.launch.site_profiles --site lumi --gpus 16 --format args) slurm/ddp_multinode.slurm
     python -m source_code.launch.site_profiles --list
     eval "$(python -m source_code.launch.site_profiles --site lumi --account project_X --format exports)"
 
@@ -16,8 +16,8 @@ their module lines and interconnect variables); this module reads their SITE_* v
 Rules of thumb it applies:
 * whole nodes when the job needs more GPUs than a node has: the GPU count must then be a
   multiple of the GPUs per node;
-* the partition follows the GPU count: up to SITE_PARTITION_MAX_GPUS in SITE_PARTITION (Mahti's
-  gpusmall takes 1-2 GPUs, LUMI's small-g partial nodes), larger jobs in
+* the partition follows the GPU count: up to SITE_PARTITION_MAX_GPUS in SITE_PARTITION (Roihu's
+  gpumedium takes 1-4 GPUs, LUMI's small-g partial nodes), larger jobs in
   SITE_PARTITION_FULL_NODES; --test: the site's partition for short runs, within its limits;
 * each GPU gets the same share of the node's CPU cores and memory as it has of the node's
   GPUs (capped by the site: on LUMI at most 7 cores and 60 GB per GCD);
@@ -287,6 +287,8 @@ def main(argv=None):
                                       a.partition, a.test)
             print(site_step.shell_lines(pairs))
             print(site_step.summary(pairs), file=__import__("sys").stderr)
+            if load(a.site).retired:   # a worked example: said, since its jobs would go nowhere
+                print(f"note: {load(a.site).name} is retired ({load(a.site).retired})", file=__import__("sys").stderr)
             return 0
         a.time = a.time or "00:30:00"
         gpus = a.gpus if a.gpus is not None else load(a.site).gpus_per_node

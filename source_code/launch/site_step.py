@@ -2,7 +2,7 @@
 asks for what the site needs.
 
     eval "$(python -m source_code.launch.site_profiles --site lumi --account project_X --format exports)"
-    eval "$(python -m source_code.launch.site_profiles --site mahti --account project_X \\
+    eval "$(python -m source_code.launch.site_profiles --site roihu --account project_X \\
             --reservation course_day1 --format exports)"
     sbatch slurm/ddp_multinode.slurm          # now on the site's GPU partition, with its GPUs
 
@@ -14,7 +14,7 @@ a job script's #SBATCH lines (a flag on the sbatch command line wins over both):
 | SBATCH_ACCOUNT        | --account          | --account (the billing project)              |
 | SBATCH_PARTITION      | --partition        | the profile, the reservation's own, --partition |
 | SBATCH_GPUS_PER_NODE  | --gpus-per-node    | the profile's request (LUMI, the test cluster)  |
-| SBATCH_GRES           | --gres             | the profile's request (Puhti, Mahti, JURECA)    |
+| SBATCH_GRES           | --gres             | the profile's request (Roihu, JURECA)           |
 | SBATCH_MEM_PER_GPU    | --mem-per-gpu      | the profile's memory per GPU (not on whole-node sites) |
 | SBATCH_TIMELIMIT      | --time             | --time (else each script's own #SBATCH --time)  |
 | SBATCH_RESERVATION    | --reservation      | --reservation (a course's reserved nodes)       |
@@ -23,7 +23,7 @@ and WORKSHOP_SITE, which the job scripts read for the site's module lines and ch
 one of these exists in Slurm 22.05 (the test cluster) and in the sites' newer versions.
 sbatch has no input variable for --nodes, --ntasks-per-node or --cpus-per-task: those stay in
 the job scripts' #SBATCH lines (the node count is what a script is about; one task per node
-with torchrun; the cores a task gets: pass --cpus-per-task=N on the command line for more).
+with torchrun), and the cores come from the function below.
 Variables of an earlier site step that this site does not set are unset, so a shell can move
 from one site's profile to another's.
 
@@ -31,8 +31,11 @@ The step also defines a shell function `sbatch` in that shell: before each submi
 the job's node count and time (the sbatch options, else the job script's #SBATCH lines) and its
 partition and time (the options, else SBATCH_PARTITION and SBATCH_TIMELIMIT) and refuses, in one
 line with exit status 2, a job its partition cannot take (the profile's SITE_LIMITS). Slurm's
-default EnforcePartLimits=NO would accept it, and it would pend for ever. Everything else goes
-to the real sbatch unchanged (`command sbatch ...` skips the check):
+default EnforcePartLimits=NO would accept it, and it would pend for ever. A job script that runs
+one task a node (torchrun's: #SBATCH --ntasks-per-node=1) gets --cpus-per-task=N added, the
+profile's cores per GPU times the GPUs a node the job asks for, unless the line gives its own
+(said in one note line; the job's first line shows its cores per task). Everything else goes to
+the real sbatch unchanged (`command sbatch ...` skips the function):
 
     python -m source_code.launch.site_step [SBATCH OPTIONS] SCRIPT [ARGS]   # what the function runs
 """
@@ -47,6 +50,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from source_code.launch.sbatch_line import cores_option, job_script, read_options, script_options
 from source_code.launch.site_profiles import ProfileError, Site, check_limits, human, load, minutes
 
 VARIABLES = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_GPUS_PER_NODE", "SBATCH_GRES",
@@ -147,56 +151,16 @@ def shell_lines(pairs: list[tuple[str, str]]) -> str:
 
 def guard_function() -> str:
     """The shell function: this module reads the job first; its exit status 2 stops the
-    submission, anything else lets sbatch decide; a Python that cannot start (exit status 126 or
-    127: a module unloaded, a container's path) says so in one line first, never silently."""
+    submission, 0 passes the options it printed (the cores) before the line's own, anything else
+    lets sbatch decide; a Python that cannot start (exit status 126 or 127: a module unloaded, a
+    container's path) says so in one line first, never silently."""
     root = shlex.quote(str(Path(__file__).resolve().parents[2]))
     python = shlex.quote(sys.executable)
-    return (f"sbatch() {{ PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {python} "
-            '-m source_code.launch.site_step "$@"; local s=$?; [ $s = 2 ] && return 2; '
+    return (f"sbatch() {{ local add s; add=$(PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {python} "
+            '-m source_code.launch.site_step "$@"); s=$?; [ $s = 2 ] && return 2; [ $s = 0 ] || add=; '
             f'[ $s -ge 126 ] && echo "note: the site step\'s partition check could not start '
             f'({python}, exit $s): the job goes to sbatch unchecked; run the site step again in this shell" >&2; '
-            'command sbatch "$@"; }')
-
-
-OPTIONS = {"-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition",
-           "-t": "time", "--time": "time"}
-
-
-def read_options(words: list[str]) -> dict:
-    """{nodes, partition, time} as these sbatch options give them (the last one wins)."""
-    found, i = {}, 0
-    while i < len(words):
-        w = words[i]
-        for flag, key in OPTIONS.items():
-            if w == flag and i + 1 < len(words):
-                found[key], i = words[i + 1], i + 1
-                break
-            if w.startswith(flag + "=") or (not flag.startswith("--") and w.startswith(flag) and len(w) > 2
-                                            and not w.startswith("--")):
-                found[key] = w[len(flag):].lstrip("=")
-                break
-        i += 1
-    return found
-
-
-def job_script(words: list[str], cwd: Path) -> tuple[list[str], Path | None]:
-    """(sbatch's own options, the job script) of an sbatch command line (no script: --wrap)."""
-    for i, w in enumerate(words):
-        path = cwd / w
-        if not w.startswith("-") and path.is_file() and path.read_text(errors="replace").startswith("#!"):
-            return words[:i], path
-    return words, None
-
-
-def script_options(path: Path) -> dict:
-    """The #SBATCH lines of a job script, up to its first command (where sbatch stops reading)."""
-    words = []
-    for line in path.read_text(errors="replace").splitlines()[1:]:
-        if line.startswith("#SBATCH"):
-            words += shlex.split(line[len("#SBATCH"):], comments=True)
-        elif line.strip() and not line.lstrip().startswith("#"):
-            break
-    return read_options(words)
+            'command sbatch $add "$@"; }')
 
 
 def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
@@ -239,9 +203,10 @@ def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
 
 def try_line(step: str, line: list[str], env: dict, cwd=None) -> tuple[int, str, bool]:
     """(exit status, what it said, whether it reached sbatch) of ``line`` typed in a bash after
-    the site step ``step`` (its options), with an sbatch on PATH that only says it was reached."""
+    the site step ``step`` (its options), with an sbatch on PATH that only says it was reached,
+    and with which options (``sbatch reached: submitted (OPTIONS SCRIPT)``)."""
     with tempfile.TemporaryDirectory(prefix="site-step-") as stub:
-        Path(stub, "sbatch").write_text("#!/bin/sh\necho 'sbatch reached: submitted'\n")
+        Path(stub, "sbatch").write_text("#!/bin/sh\necho \"sbatch reached: submitted ($*)\"\n")
         os.chmod(Path(stub, "sbatch"), 0o755)
         step_line = (f'eval "$({shlex.quote(sys.executable)} -m source_code.launch.site_profiles {step} '
                      '--format exports 2>/dev/null)"')
@@ -251,10 +216,17 @@ def try_line(step: str, line: list[str], env: dict, cwd=None) -> tuple[int, str,
 
 
 def main(argv=None) -> int:
-    said = check_submission(sys.argv[1:] if argv is None else argv, os.environ, Path.cwd())
+    """Exit status 2 with the refusal on stderr; else 0, the options to add on stdout (the
+    function passes them to sbatch) and what they are on stderr."""
+    argv = sys.argv[1:] if argv is None else argv
+    said = check_submission(argv, os.environ, Path.cwd())
     if said:
         print(said, file=sys.stderr)
         return 2
+    add, note = cores_option(argv, os.environ, Path.cwd())
+    if add:
+        print(note, file=sys.stderr)
+        print(" ".join(add))
     return 0
 
 

@@ -7,28 +7,32 @@ The line must start one task on every node of the job, and each task must print
 ``torchrun --node-rank=R --nnodes=N`` with R that node's ``SLURM_NODEID`` and N the job's
 number of nodes (``echo`` stands in for the launcher, so the check can run it). The check runs
 the line as a batch script would (``srun_quoting.in_job_script``: real bash, srun pretended) in
-jobs of 2, 3 and 5 nodes with 4 tasks a node asked for in the #SBATCH lines. Solution:
-``source_code/solutions/nb06_srun.py``.
+jobs of 2, 3 and 5 nodes with 4 tasks a node asked for in the #SBATCH lines, with the task count
+of the sites' Slurm (23.02.5 and newer). A line right there but not on Slurm 22.05 (the local test
+cluster's: ``-N`` with ``--ntasks-per-node`` and no ``-n``) is right, with one more line saying
+what 22.05 does with it. Solution: ``source_code/solutions/nb06_srun.py``.
 """
 from __future__ import annotations
 
 import re
 
 from source_code.errors import LaunchError
-from source_code.launch.srun_quoting import in_job_script
+from source_code.launch.srun_quoting import LOCAL_SLURM, in_job_script
 
 NODES = (2, 3, 5)
 TASKS_PER_NODE = 4       # the job's #SBATCH --ntasks-per-node: one torchrun a node needs fewer
 PRINTED = re.compile(r"^torchrun --node-rank=(\S*) --nnodes=(\S*)$")
 
 
-def problem(line: str) -> str:
-    """'' when ``line`` is right, else one line saying what went wrong."""
+def problem(line: str, slurm: tuple[int, ...] | None = None) -> str:
+    """'' when ``line`` is right, else one line saying what went wrong (on the sites' Slurm, or the
+    version ``slurm``)."""
     if "srun" not in line.split():
         return "the line does not start anything with srun: the batch script runs on the first node only"
     for nodes in NODES:
         try:
-            printed = in_job_script(line, nodes, TASKS_PER_NODE)
+            printed = (in_job_script(line, nodes, TASKS_PER_NODE) if slurm is None
+                       else in_job_script(line, nodes, TASKS_PER_NODE, slurm=slurm))
         except LaunchError as err:
             return err.message
         if not printed:
@@ -60,7 +64,23 @@ def problem(line: str) -> str:
     return ""
 
 
+def older_slurm(line: str) -> str:
+    """'' when a line right on the sites' Slurm is right on 22.05 too, else what 22.05 does."""
+    why = problem(line, slurm=LOCAL_SLURM)
+    if not why:
+        return ""
+    return ("on Slurm before 23.02.5 (the local test cluster runs 22.05) the same line fails: " + why
+            + "; there the step's task count must be on the line (-n)")
+
+
 def check_srun_line(line: str) -> None:
-    """Print one line: right, or what went wrong (never a traceback). ``problem`` returns it."""
+    """Print one line: right, or what went wrong (never a traceback); a right line that older
+    Slurm runs otherwise gets a second line saying so. ``problem`` returns what went wrong."""
     why = problem(line)
-    print("right: every node got its own node rank, on 2, 3 and 5 nodes" if not why else f"not yet: {why}")
+    if why:
+        print(f"not yet: {why}")
+        return
+    print("right: every node got its own node rank, on 2, 3 and 5 nodes (the sites' Slurm)")
+    older = older_slurm(line)
+    if older:
+        print(f"note: {older}")

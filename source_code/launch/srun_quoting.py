@@ -14,6 +14,14 @@ that task's value.
 ``SLURM_STEP_NUM_TASKS``, one after the other: the quoting is bash's own, only the
 scheduler is pretended. ``on_cluster(line, tasks)`` runs the same line in a real job and sorts
 its lines, since real tasks finish in any order.
+
+The task count follows the Slurm version asked for (``slurm=``, default the sites' newer ones):
+inside a batch job srun takes the job's ``SLURM_NTASKS`` as its ``-n``, and a
+``--ntasks-per-node`` that does not fit it is ignored with a warning. Since Slurm 23.02.5
+(SchedMD commit 5de93e6e24, bug 17108, in ``src/srun/opt.c``) a ``-N`` given on the line with a
+``--ntasks-per-node`` sets the inherited count aside: ``srun -N 2 --ntasks-per-node=1`` starts
+one task a node there, and the job's count, with the warning, before (the local test cluster's
+22.05.8 did so in a job of 2 nodes x 2 tasks: 4 tasks).
 """
 from __future__ import annotations
 
@@ -31,9 +39,12 @@ _WITH_VALUE = {"-c", "--cpus-per-task", "-o", "--output", "-J", "--job-name", "-
 # the task layout: --ntasks-per-node, -n/--ntasks and -N/--nodes are honoured as srun does in a
 # batch job (the job's SLURM_NTASKS is its -n when none is given); tasks spread over the nodes in
 # blocks, as evenly as they go (Slurm's default distribution), at least one a node
+SITES_SLURM = (24, 5)          # LUMI runs 24.05; the other sites newer than 23.02.5 too
+LOCAL_SLURM = (22, 5, 8)       # the workshop's local test cluster
+NTASKS_RESET = (23, 2, 5)      # from here a -N on the line sets the job's SLURM_NTASKS aside
 PRETEND_SRUN = r"""
 srun() {
-    local per_node=$TASKS_PER_NODE ntasks="" nodes=$SLURM_NNODES given_per_node=""
+    local per_node=$TASKS_PER_NODE ntasks="" nodes=$SLURM_NNODES given_per_node="" given_nodes=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --ntasks-per-node) per_node=$2; given_per_node=1; shift 2 ;;
@@ -41,17 +52,19 @@ srun() {
             -n|--ntasks) ntasks=$2; shift 2 ;;
             -n*) ntasks=${1#-n}; shift ;;
             --ntasks=*) ntasks=${1#--ntasks=}; shift ;;
-            -N|--nodes) nodes=$2; shift 2 ;;
-            -N*) nodes=${1#-N}; shift ;;
-            --nodes=*) nodes=${1#--nodes=}; shift ;;
+            -N|--nodes) nodes=$2; given_nodes=1; shift 2 ;;
+            -N*) nodes=${1#-N}; given_nodes=1; shift ;;
+            --nodes=*) nodes=${1#--nodes=}; given_nodes=1; shift ;;
             %s) shift 2 ;;
             -*) shift ;;
             *) break ;;
         esac
     done
     # in a batch job srun reads the job's SLURM_NTASKS as its -n, and ignores a --ntasks-per-node
-    # that does not fit it (with Slurm's own warning)
-    if [ -z "$ntasks" ] && [ -n "$given_per_node" ] && (( ${SLURM_NTASKS:-0} != nodes * per_node )); then
+    # that does not fit it (with Slurm's own warning); from 23.02.5 not where -N is on the line
+    if [ -z "$ntasks" ] && [ -n "$given_per_node" ] && [ -n "$given_nodes" ] && [ -n "$NTASKS_RESET" ]; then
+        ntasks=$((nodes * per_node))
+    elif [ -z "$ntasks" ] && [ -n "$given_per_node" ] && (( ${SLURM_NTASKS:-0} != nodes * per_node )); then
         echo "srun: Warning: can't honor --ntasks-per-node set to $per_node which doesn't match the requested tasks $SLURM_NTASKS with the number of requested nodes $nodes. Ignoring --ntasks-per-node." >&2
         ntasks=$SLURM_NTASKS given_per_node=""
     fi
@@ -74,12 +87,15 @@ srun() {
 """ % "|".join(sorted(_WITH_VALUE))
 
 
-def in_job_script(line: str, nodes: int = 1, tasks_per_node: int = 2) -> list[str]:
+def in_job_script(line: str, nodes: int = 1, tasks_per_node: int = 2,
+                  slurm: tuple[int, ...] = SITES_SLURM) -> list[str]:
     """The lines ``line`` prints when the batch script of a job of ``nodes`` nodes with
-    ``tasks_per_node`` tasks on each runs it (srun's own --ntasks-per-node, -n and -N are honoured)."""
+    ``tasks_per_node`` tasks on each runs it (srun's own --ntasks-per-node, -n and -N are honoured,
+    as the Slurm version ``slurm`` does: LOCAL_SLURM for the local test cluster's)."""
     if nodes < 1 or tasks_per_node < 1:
         raise LaunchError(f"error: nodes={nodes}, tasks_per_node={tasks_per_node}; both at least 1")
-    script = (PRETEND_SRUN + f"export TASKS_PER_NODE={tasks_per_node} SLURM_NNODES={nodes} "
+    reset = "1" if tuple(slurm) >= NTASKS_RESET else ""
+    script = (PRETEND_SRUN + f"export NTASKS_RESET={reset} TASKS_PER_NODE={tasks_per_node} SLURM_NNODES={nodes} "
               f"SLURM_JOB_NUM_NODES={nodes} SLURM_NTASKS={nodes * tasks_per_node} SLURM_PROCID=0 "
               f"SLURM_NODEID=0 SLURM_LOCALID=0 SLURMD_NODENAME=n1 SLURM_JOB_ID=4242\n{line}\n")
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
