@@ -39,7 +39,7 @@ _WITH_VALUE = {"-c", "--cpus-per-task", "-o", "--output", "-J", "--job-name", "-
 # the task layout: --ntasks-per-node, -n/--ntasks and -N/--nodes are honoured as srun does in a
 # batch job (the job's SLURM_NTASKS is its -n when none is given); tasks spread over the nodes in
 # blocks, as evenly as they go (Slurm's default distribution), at least one a node
-SITES_SLURM = (24, 5)          # LUMI runs 24.05; the other sites newer than 23.02.5 too
+SITES_SLURM = (24, 5)          # LUMI runs 24.05; the check takes every site to be at 23.02.5 or newer
 LOCAL_SLURM = (22, 5, 8)       # the workshop's local test cluster
 NTASKS_RESET = (23, 2, 5)      # from here a -N on the line sets the job's SLURM_NTASKS aside
 PRETEND_SRUN = r"""
