@@ -6,8 +6,8 @@ read them from there.
 
 Run it as one task per node (``srun --ntasks-per-node=1``): ``{node}`` in ``--to`` becomes
 this node's name (SLURMD_NODENAME, else the host name). On a real cluster the node-local
-directory is the node's own anyway (Roihu: its local disk; LUMI: ``/tmp``, which lives in the
-node's memory; Puhti and Mahti, retired in 2026, had ``$LOCAL_SCRATCH`` asked for with
+directory is the node's own anyway (Roihu: ``$TMPDIR``, 150 GiB per user in a GPU job; LUMI:
+``/tmp``, which lives in the node's memory; Puhti and Mahti, retired in 2026, had ``$LOCAL_SCRATCH`` asked for with
 ``--gres=nvme:<GB>``); on the workshop's
 test cluster both nodes run on one machine and share ``/tmp``, so the node's name in the
 directory keeps each node's copy its own, as on a real cluster. Each file is written under a
@@ -50,9 +50,9 @@ NODE_LOCAL = [
      "04-data-storage ('all ca. 460GB of RAM is available for RAMfs' on standard-g)"),
     ("LUMI small-g", 64, "the same /tmp in memory: 64 GB unless the job takes whole nodes "
      "(--mem 0 --exclusive)", "LUMI-AI-Guide, 04-data-storage"),
-    ("Roihu gpu", 960, "local disk (0.96 TB per GPU node, shared by the node's jobs; CSC adds network "
-     "NVMe that a job sees as local scratch)",
-     "docs.csc.fi/computing/systems-roihu (Nodes table; Local storage capacity)"),
+    ("Roihu gpu", round(150 * 2**30 / 1e9), "$TMPDIR on the node's NVMe disk: 150 GiB per user in a GPU "
+     "job (the disk is 0.96 TB); more from CSC's disaggregated NVMe (--bb, whole nodes only)",
+     "docs.csc.fi/computing/roihu-disk (Temporary local disk areas: compute nodes; Disaggregated storage)"),
 ]
 
 
