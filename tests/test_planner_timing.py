@@ -24,3 +24,12 @@ def test_measured_order_comes_from_each_rounds_own_ratios():
     m = {**_measured({1: 0.18, 2: 0.30, 3: 0.60}), "relative": {1: 1.0, 2: 2.5, 3: 2.0}}
     res = timing.compare(m)
     assert not res["order_holds"] and res["measured_order"] == [1, 3, 2]
+
+
+def test_measured_order_is_read_from_the_cpu_seconds_not_the_wall_clock():
+    # a neighbour's burst stretched ZeRO-1's wall time; the work each step cost did not change
+    m = {**_measured({1: 0.90, 2: 0.40, 3: 0.80}), "cpu_s": {1: 0.40, 2: 0.60, 3: 1.20},
+         "relative": {1: 1.0, 2: 1.5, 3: 3.0}}
+    res = timing.compare(m)
+    assert res["order_holds"] and res["wall_order"] == [2, 3, 1]
+    assert "by wall s [2, 3, 1]" in timing.format_lines(m, res)[-1]

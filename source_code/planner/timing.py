@@ -11,8 +11,11 @@ with the planner's estimate for the same model and mesh, on a "cluster" whose tw
 measured in the same run: the FLOP/s of a forward + backward on every rank at once, and the
 bandwidth of a reduce-scatter of the gradients. ``order_holds``: the measured steps come in the
 planner's order (ZeRO-1 < ZeRO-2 < ZeRO-3, as its traffic grows with the micro-batches), the
-measured order read from each round's steps over that round's ZeRO-1 step (median over the
-rounds): a busy spell of the machine slows the steps of one round alike.
+measured order read from the CPU seconds each step cost the 4 processes together (every thread,
+gloo's copies and sums included), each round's over that round's ZeRO-1 step, median over the
+rounds. Wall time is printed beside it; it is not what the order is read from, because a busy
+neighbour on the same cores stretches the wall clock of whichever step it lands on, not the work
+the step makes the machine do.
 """
 from __future__ import annotations
 
@@ -51,12 +54,17 @@ def _build(zero: int, device):
     return model, AccumulatingZero(model, stage=zero, lr=1e-4)
 
 
-def _timed(fn) -> float:
+def _timed(fn) -> tuple[float, float]:
+    """(wall s, CPU s of all ranks together) of ``fn``: the CPU seconds count every thread,
+    gloo's included, so they are the work of the step, which a neighbour's load leaves alone."""
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
+    cpu = torch.tensor([time.process_time() - c0], dtype=torch.float64)
     dist.barrier()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    dist.all_reduce(cpu)
+    return wall, float(cpu)
 
 
 def measure_steps(micro_batches: int = 4, repeats: int = 3) -> dict:
@@ -79,19 +87,22 @@ def measure_steps(micro_batches: int = 4, repeats: int = 3) -> dict:
     mine = grads.new_empty(grads.numel() // world)
     for model, opt in runs.values():                  # warm-up: allocations, FSDP's first gather
         step(model, opt)
-    times = {z: [] for z in ZEROS}
+    times, cpu = {z: [] for z in ZEROS}, {z: [] for z in ZEROS}
     compute, comm = [], []
     for _ in range(repeats):                          # interleaved: the same machine load for each
         for z in ZEROS:
-            times[z].append(_timed(lambda: step(*runs[z])))
-        compute.append(_timed(lambda: lm_loss(plain(xs[:1]), ys[:1], count).backward()))
-        comm.append(_timed(lambda: dist.reduce_scatter_tensor(mine, grads)))
+            wall, work = _timed(lambda: step(*runs[z]))
+            times[z].append(wall)
+            cpu[z].append(work)
+        compute.append(_timed(lambda: lm_loss(plain(xs[:1]), ys[:1], count).backward())[0])
+        comm.append(_timed(lambda: dist.reduce_scatter_tensor(mine, grads))[0])
     model = planner_model(xs.shape[1])
     flops = statistics.median(compute)
     wire = (world - 1) / world * grads.numel() * grads.element_size()
-    # each round's steps ran back to back: their ratios to that round's ZeRO-1 step see one load
-    relative = {z: statistics.median(a / b for a, b in zip(t, times[ZEROS[0]])) for z, t in times.items()}
+    # each round's CPU seconds over that round's ZeRO-1 step, median over the rounds
+    relative = {z: statistics.median(a / b for a, b in zip(t, cpu[ZEROS[0]])) for z, t in cpu.items()}
     return {"step_s": {z: statistics.median(t) for z, t in times.items()}, "relative": relative,
+            "cpu_s": {z: statistics.median(t) for z, t in cpu.items()},
             "tflops": model.flops_per_token() * xs.shape[1] / flops / 1e12,
             "gbps": wire / statistics.median(comm) / 1e9, "world": world,
             "micro_batches": micro_batches, "seq": xs.shape[1]}
@@ -108,13 +119,15 @@ def predict(measured: dict) -> dict:
 
 
 def compare(measured: dict) -> dict:
-    """{"rows": [(zero, predicted s, measured s)], "order_holds", "predicted_order", "measured_order"}."""
+    """{"rows": [(zero, planned s, wall s, CPU s)], "order_holds", "predicted_order",
+    "measured_order" (from the CPU seconds), "wall_order"}."""
     want, got = predict(measured), measured["step_s"]
     p_order = sorted(ZEROS, key=want.get)
-    # the order from each round's own ratios (a busy spell slows one round's steps alike)
-    m_order = sorted(ZEROS, key=measured.get("relative", got).get)
-    return {"rows": [(z, want[z], got[z]) for z in ZEROS], "predicted_order": p_order,
-            "measured_order": m_order, "order_holds": p_order == m_order}
+    m_order = sorted(ZEROS, key=measured.get("relative", got).get)   # from the CPU seconds
+    cpu = measured.get("cpu_s", {})
+    return {"rows": [(z, want[z], got[z], cpu.get(z, float("nan"))) for z in ZEROS],
+            "predicted_order": p_order, "measured_order": m_order,
+            "wall_order": sorted(ZEROS, key=got.get), "order_holds": p_order == m_order}
 
 
 def run(world_size: int = 4, micro_batches: int = 4, repeats: int = 3) -> tuple[dict, dict]:
@@ -127,10 +140,11 @@ def format_lines(measured: dict, result: dict) -> list[str]:
     out = [f"measured here: {measured['tflops'] * 1e3:.2f} GFLOP/s per process (forward + backward), "
            f"{measured['gbps']:.2f} GB/s per process (reduce-scatter); {measured['world']} processes, "
            f"{measured['micro_batches']} micro-batches per step",
-           f"{'ZeRO':>4s} {'planned s':>10s} {'measured s':>11s}"]
-    out += [f"{z:4d} {p:10.4f} {m:11.4f}" for z, p, m in result["rows"]]
-    out.append(f"order: planned {result['predicted_order']}, measured {result['measured_order']}: "
-               + ("the same" if result["order_holds"] else "DIFFERENT"))
+           f"{'ZeRO':>4s} {'planned s':>10s} {'wall s':>8s} {'CPU s':>7s}  (CPU s: all {measured['world']} processes together)"]
+    out += [f"{z:4d} {p:10.4f} {m:8.4f} {c:7.4f}" for z, p, m, c in result["rows"]]
+    out.append(f"order: planned {result['predicted_order']}, by CPU s {result['measured_order']}: "
+               + ("the same" if result["order_holds"] else "DIFFERENT")
+               + f" (by wall s {result.get('wall_order', result['measured_order'])})")
     return out
 
 
