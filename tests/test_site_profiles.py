@@ -464,7 +464,7 @@ def test_a_bare_line_its_partition_cannot_take_is_refused_before_submission(step
     # the line's own cores, a task per GPU, no job script: nothing added
     ("--site lumi --account p", ["sbatch", "-c", "8", "slurm/ddp_single_node.slurm"], None),
     ("--site lumi --account p", ["sbatch", "slurm/ddp_single_node_srun.slurm"], None),
-    ("--site lumi --account p", ["sbatch", "--wrap", "hostname"], None),
+    ("--site jureca --account p", ["sbatch", "--wrap", "hostname"], None),   # LUMI's: tests/test_site_wrap.py
 ])
 def test_the_sbatch_function_gives_a_task_per_node_script_its_gpus_cores(step_options, line, added):
     code, said, reached = site_step.try_line(step_options, line, CLEAN_ENV, cwd=ROOT)

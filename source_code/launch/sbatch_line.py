@@ -7,6 +7,13 @@ get. The scripts ask for 2 (what the CPU test cluster has), and sbatch reads no 
 that could give a GPU node's share instead (SBATCH_CPUS_PER_GPU: Slurm 22.05 refuses it beside a
 script's --cpus-per-task, 23.02.5 and newer drop it): so the function adds --cpus-per-task=N to
 the line, the profile's cores per GPU times the GPUs a node the job asks for.
+
+A `sbatch --wrap "python -m ..."` line has no job script to source the site's profile: on a site
+whose launches run inside a container image (LUMI: its profile's site_environment names the
+image), the wrapped command would run the submitting shell's Python, outside the image, without
+torch. The function gets the line back with the command wrapped the way the job scripts run
+theirs: the profile sourced, its site_environment (modules, bindings, the image), then
+slurm/launch.sh's container_prefix (singularity exec --bind <clone> <image>).
 """
 from __future__ import annotations
 
@@ -91,3 +98,35 @@ def cores_option(argv: list[str], env: dict, cwd: Path) -> tuple[list[str], str]
         f"note: the site step adds --cpus-per-task={cores} to the script's one task a node: {gpus} GPU(s) "
         f"a node x {site.cpus_per_gpu} core(s) per GPU ({site.key}'s share); sbatch --cpus-per-task=N ... "
         "sets your own")
+
+
+def wrap_option(words: list[str]) -> tuple[int, str] | None:
+    """(index, command) of the --wrap option of sbatch's own options (--wrap CMD or --wrap=CMD)."""
+    for i, w in enumerate(words):
+        if w == "--wrap" and i + 1 < len(words):
+            return i, words[i + 1]
+        if w.startswith("--wrap="):
+            return i, w[len("--wrap="):]
+    return None
+
+
+def in_site_container(argv: list[str], env: dict, root: Path) -> tuple[list[str], str]:
+    """(the sbatch arguments with the --wrap command run inside the site's container image, its
+    note) on a site whose profile runs its launches in an image, or where the shell names one
+    (WORKSHOP_CONTAINER, WORKSHOP_CONTAINER_EXEC); ([], '') for every other line."""
+    try:
+        site = load(env.get("WORKSHOP_SITE", ""))
+    except ProfileError:
+        return [], ""
+    named = env.get("WORKSHOP_CONTAINER") or env.get("WORKSHOP_CONTAINER_EXEC")
+    found = wrap_option(argv)
+    if found is None or not (named or "WORKSHOP_CONTAINER" in site.environment):
+        return [], ""
+    i, command = found
+    inner = (f"ROOT={shlex.quote(str(root))}; source \"$ROOT/slurm/sites/{site.key}.sh\" && site_environment "
+             f"&& source \"$ROOT/slurm/launch.sh\" && container_prefix "
+             f"&& exec \"${{IN_CONTAINER[@]}}\" bash -c {shlex.quote(command)}")
+    wrapped = argv[:i] + ["--wrap", f"bash -c {shlex.quote(inner)}"] + argv[i + (1 if argv[i] != "--wrap" else 2):]
+    return wrapped, (f"note: the site step runs the --wrap command inside {site.name}'s container image, "
+                     "as the job scripts run theirs (the profile's site_environment, then its image); "
+                     "command sbatch ... submits it as typed")

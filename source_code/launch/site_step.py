@@ -34,8 +34,10 @@ line with exit status 2, a job its partition cannot take (the profile's SITE_LIM
 default EnforcePartLimits=NO would accept it, and it would pend for ever. A job script that runs
 one task a node (torchrun's: #SBATCH --ntasks-per-node=1) gets --cpus-per-task=N added, the
 profile's cores per GPU times the GPUs a node the job asks for, unless the line gives its own
-(said in one note line; the job's first line shows its cores per task). Everything else goes to
-the real sbatch unchanged (`command sbatch ...` skips the function):
+(said in one note line; the job's first line shows its cores per task). A `--wrap "..."` line on
+a site whose jobs run inside a container image (LUMI) has its command run inside the image, as
+the job scripts run theirs (sbatch_line.py; one note line). Everything else goes to the real
+sbatch unchanged (`command sbatch ...` skips the function):
 
     python -m source_code.launch.site_step [SBATCH OPTIONS] SCRIPT [ARGS]   # what the function runs
 """
@@ -50,7 +52,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from source_code.launch.sbatch_line import cores_option, job_script, read_options, script_options
+from source_code.launch.sbatch_line import (cores_option, in_site_container, job_script, read_options,
+                                            script_options)
 from source_code.launch.site_profiles import ProfileError, Site, check_limits, human, load, minutes
 
 VARIABLES = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_GPUS_PER_NODE", "SBATCH_GRES",
@@ -151,13 +154,15 @@ def shell_lines(pairs: list[tuple[str, str]]) -> str:
 
 def guard_function() -> str:
     """The shell function: this module reads the job first; its exit status 2 stops the
-    submission, 0 passes the options it printed (the cores) before the line's own, anything else
+    submission, 0 passes the options it printed (the cores) before the line's own, 3 submits the
+    whole line it printed instead (shell words: a --wrap command run in the site's image), anything else
     lets sbatch decide; a Python that cannot start (exit status 126 or 127: a module unloaded, a
     container's path) says so in one line first, never silently."""
     root = shlex.quote(str(Path(__file__).resolve().parents[2]))
     python = shlex.quote(sys.executable)
     return (f"sbatch() {{ local add s; add=$(PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {python} "
-            '-m source_code.launch.site_step "$@"); s=$?; [ $s = 2 ] && return 2; [ $s = 0 ] || add=; '
+            '-m source_code.launch.site_step "$@"); s=$?; [ $s = 2 ] && return 2; '
+            '[ $s = 3 ] && { eval "command sbatch $add"; return; }; [ $s = 0 ] || add=; '
             f'[ $s -ge 126 ] && echo "note: the site step\'s partition check could not start '
             f'({python}, exit $s): the job goes to sbatch unchecked; run the site step again in this shell" >&2; '
             'command sbatch $add "$@"; }')
@@ -216,14 +221,20 @@ def try_line(step: str, line: list[str], env: dict, cwd=None) -> tuple[int, str,
 
 
 def main(argv=None) -> int:
-    """Exit status 2 with the refusal on stderr; else 0, the options to add on stdout (the
-    function passes them to sbatch) and what they are on stderr."""
+    """Exit status 2 with the refusal on stderr; 3 with the whole line to submit instead on stdout
+    (shell words) and why on stderr; else 0, the options to add on stdout (the function passes
+    them to sbatch) and what they are on stderr."""
     argv = sys.argv[1:] if argv is None else argv
     said = check_submission(argv, os.environ, Path.cwd())
     if said:
         print(said, file=sys.stderr)
         return 2
     add, note = cores_option(argv, os.environ, Path.cwd())
+    wrapped, why = in_site_container(argv, os.environ, Path(__file__).resolve().parents[2])
+    if wrapped:
+        print(why, file=sys.stderr)
+        print(shlex.join(add + wrapped))
+        return 3
     if add:
         print(note, file=sys.stderr)
         print(" ".join(add))
