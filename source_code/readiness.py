@@ -139,7 +139,16 @@ def check_prepared(args) -> str:
     return f"{args.datasets} found in {args.data_dir}"
 
 
+def container() -> str:
+    """The Singularity/Apptainer image this process runs in ('' outside one): the runtime sets
+    SINGULARITY_CONTAINER or APPTAINER_CONTAINER inside."""
+    return os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER") or ""
+
+
 def check_slurm(args) -> str:
+    if not shutil.which("sbatch") and container():
+        raise Skip(f"inside the container image {container()}, which has no sbatch: the site step and "
+                   "the sbatch lines run outside it, in the login node's shell")
     if not shutil.which("sbatch"):
         raise Skip("no sbatch here: not a Slurm login node")
     from source_code.launch import jobs, site_profiles
@@ -160,9 +169,13 @@ def check_login_node(args) -> str:
     sbatch, srun and salloc manuals). The workshop's local test cluster (make cluster-up) is the
     one machine where the notebooks may still run: it is its own compute node."""
     from source_code.launch import jobs
-    host, job = socket.gethostname(), os.environ.get("SLURM_JOB_ID")
+    host, job, image = socket.gethostname(), os.environ.get("SLURM_JOB_ID"), container()
     if os.environ.get("SLURMD_NODENAME"):
         return f"compute node {os.environ['SLURMD_NODENAME']}, Slurm job {job}: the notebooks may run here"
+    if image and not job:   # a site's image has no sbatch: outside any job on a cluster, the login node
+        raise Warn(f"{host}, inside the container image {image} and outside any Slurm job: on a cluster "
+                   "that is the login node (the image has no sbatch to tell): never run the multi-process "
+                   "notebooks here; open the lab on a compute node (notebooks/LAB_ON_A_CLUSTER.md)")
     if not shutil.which("sbatch"):
         return f"no Slurm on {host} (a laptop or a lab server): the notebooks run here"
     if jobs.local_test_cluster():

@@ -78,6 +78,8 @@ def slurm_here(monkeypatch, tmp_path):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     monkeypatch.setattr(readiness.socket, "gethostname", lambda: "puhti-login11")
+    for name in ("SINGULARITY_CONTAINER", "APPTAINER_CONTAINER"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize("salloc", [False, True])
@@ -113,3 +115,23 @@ def test_a_compute_node_a_laptop_and_the_local_cluster_are_no_login_node(where, 
     row = next(ln for ln in out.splitlines() if ln.startswith("where notebooks run"))
     assert row.split()[3] == "ok" and "WARN" not in out, out
     assert where != "a job on the same cluster" or "compute node r07g03, Slurm job 4242" in row
+
+
+@pytest.mark.parametrize("runtime", ["SINGULARITY_CONTAINER", "APPTAINER_CONTAINER"])
+def test_inside_a_sites_image_on_the_login_node_is_a_login_node_too(runtime, slurm_here, monkeypatch, capsys):
+    # LUMI's check runs inside the AI Factory image, which has no sbatch: without a job, the
+    # image runs on the login node, and the row must say so (not "the notebooks run here")
+    monkeypatch.setattr(readiness.shutil, "which", lambda name: None)
+    monkeypatch.setenv(runtime, "/appl/local/laifs/containers/x/lumi-multitorch-full-x.sif")
+    assert readiness.main(["--only", "where notebooks run,Slurm and site"]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("where notebooks run"))
+    assert row.split()[3] == "WARN" and "inside the container image /appl/local/laifs/" in row, out
+    assert "never run the multi-process notebooks here" in row and "the notebooks run here" not in row
+    slurm = next(ln for ln in out.splitlines() if ln.startswith("Slurm and site"))
+    assert "skipped" in slurm and "the sbatch lines run outside it" in slurm, out
+    # the same image inside a job on a compute node: ok
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURMD_NODENAME", "nid005000")
+    assert readiness.main(["--only", "where notebooks run"]) == 0
+    assert "compute node nid005000, Slurm job 4242" in capsys.readouterr().out
