@@ -109,15 +109,81 @@ def test_right_answers_in_float32_pass(fn):
     assert ex.check_end_of_epoch(fn).startswith("correct")
 
 
+def late_save_on_rank_0(epoch, correct, seen, path):
+    """Right, but in the check's first run rank 0 reaches save_checkpoint late: only once rank 1
+    has given up waiting in its barrier (rank 1 writes its report then), as when a busy machine
+    stalls rank 0's torch.save past the timeout. Later runs (HANG_TEST_STALLED exists) are not late."""
+    import os
+    import time
+    totals = torch.tensor([correct, seen], dtype=torch.float64)
+    dist.all_reduce(totals)
+    accuracy = (totals[0] / totals[1]).item()
+    stalled = os.environ["HANG_TEST_STALLED"]
+    if dist.get_rank() == 0 and not os.path.exists(stalled):
+        open(stalled, "w").close()
+        while not os.path.exists(os.path.join(os.path.dirname(path), "rank1.json")):
+            time.sleep(0.05)
+    save_checkpoint(path, {"epoch": epoch, "accuracy": accuracy})
+    return accuracy
+
+
+def _count_runs(monkeypatch) -> list:
+    """The collective timeouts of the check's runs, in order."""
+    timeouts, spawn = [], ex.spawn
+
+    def counted(*args, **kwargs):
+        timeouts.append(kwargs["collective_timeout_s"])
+        return spawn(*args, **kwargs)
+    monkeypatch.setattr(ex, "spawn", counted)
+    return timeouts
+
+
 @pytest.mark.parity
 @pytest.mark.parametrize("name", list(WRONG))
-def test_each_typical_wrong_answer_is_named(name):
+def test_each_typical_wrong_answer_is_named(name, monkeypatch):
     fn, pattern = WRONG[name]
+    timeouts = _count_runs(monkeypatch)
     start = time.monotonic()
     with pytest.raises(AssertionError, match=pattern):
         ex.check_end_of_epoch(fn)
-    # spawn(collective_timeout_s=3) reached init_process_group: the default would wait minutes
-    assert time.monotonic() - start < 30
+    assert timeouts[0] == ex.TIMEOUT_S
+    # the timeouts reached init_process_group: gloo's default (30 min) would wait far longer
+    assert time.monotonic() - start < 600
+
+
+@pytest.mark.parity
+def test_a_late_rank_is_not_called_a_hang(monkeypatch, tmp_path):
+    monkeypatch.setenv("HANG_TEST_STALLED", str(tmp_path / "stalled"))
+    timeouts = _count_runs(monkeypatch)
+    assert ex.check_end_of_epoch(late_save_on_rank_0).startswith("correct")
+    # the first run timed out (rank 0 waited for rank 1's report of it), the second judged
+    assert (tmp_path / "stalled").exists() and timeouts == [ex.TIMEOUT_S, ex.LONG_TIMEOUT_S]
+
+
+def _epoch(*calls, error=False, value=None) -> dict:
+    rec = {"calls": [{"op": op, "caller": "f", "done": done} for op, done in calls]}
+    rec.update({"error": "RuntimeError: timeout"} if error else {"value": value})
+    return rec
+
+
+def test_which_records_prove_a_hang_and_which_could_be_a_late_rank():
+    done, ok = ("all_reduce", True), _epoch(("all_reduce", True), ("barrier", True), value=0.6)
+    waits_all_reduce = _epoch(("all_reduce", False), error=True)
+    waits_barrier = _epoch(done, ("barrier", False), error=True)
+    proven = {  # the typical wrong answers' records: what the recorders see, at any speed
+        "returned without joining": {0: [waits_all_reduce], 1: [_epoch(value=0.2), _epoch(value=0.1)]},
+        "returned after fewer": {0: [waits_barrier], 1: [_epoch(done, value=0.6), _epoch(done, value=0.6)]},
+        "different collectives": {0: [waits_all_reduce], 1: [_epoch(("barrier", False), error=True)]},
+        "an error outside collectives": {0: [_epoch(done, error=True)], 1: [waits_barrier]},
+    }
+    late = {  # a correct answer whose rank 0 was late to save_checkpoint's barrier
+        "both in the same collective": {0: [waits_barrier], 1: [waits_barrier]},
+        "the late rank's barrier completed": {0: [ok, _epoch(("all_reduce", False), error=True)],
+                                              1: [waits_barrier]},
+        "a report missing": {1: [waits_barrier]},
+    }
+    assert [n for n, r in proven.items() if ex.late_rank_possible(r)] == []
+    assert [n for n, r in late.items() if not ex.late_rank_possible(r)] == []
 
 
 def _function_body(text: str, name: str) -> list[str]:
@@ -147,7 +213,8 @@ def test_check_runs_on_the_cpu_with_gloo_on_every_machine(monkeypatch):
     seen = {}
 
     def fake_spawn(fn, world, *args, **kwargs):
-        seen.update(kwargs, world=world)
+        if not seen:  # the first run (no report: the check runs it again with the long timeout)
+            seen.update(kwargs, world=world)
         raise ex.ProcessesFailed("rank 0: stopped")
     monkeypatch.setattr(ex, "spawn", fake_spawn)
     with pytest.raises(AssertionError):
