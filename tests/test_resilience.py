@@ -21,9 +21,14 @@ def test_best_interval_minimises_the_model_and_the_formulas_minimise_their_expan
     grid = [best * (1 + k / 1000) for k in range(-500, 501)]
     assert min(grid, key=lambda t: young_daly.waste_fraction(t, c, m)) == pytest.approx(best, rel=2e-3)
     if c < 2 * m:
-        daly = young_daly.daly_first_order(c, m)
+        one = young_daly.first_order_interval(c, m)
         first = lambda t: c / (t + c) + t / (2 * m)
-        assert min([daly * (1 + k / 1000) for k in range(-500, 501)], key=first) == pytest.approx(daly, rel=2e-3)
+        assert min([one * (1 + k / 1000) for k in range(-500, 501)], key=first) == pytest.approx(one, rel=2e-3)
+        # Daly's eq. 37 follows the model further: nearer its minimum than either first-order formula
+        daly = young_daly.daly_higher_order(c, m)
+        assert abs(daly - best) < min(abs(one - best), abs(young_daly.young_interval(c, m) - best)), (daly, one, best)
+    assert young_daly.daly_first_order(c, m) == young_daly.young_interval(c, m)          # R = 0: Young's
+    assert young_daly.daly_first_order(c, m, restart_s=m) == pytest.approx(2 ** 0.5 * young_daly.young_interval(c, m))
     young = young_daly.young_interval(c, m)
     first_young = lambda t: c / t + t / (2 * m)
     assert min([young * (1 + k / 1000) for k in range(-500, 501)], key=first_young) == pytest.approx(young, rel=2e-3)
@@ -35,7 +40,8 @@ def test_the_formulas_approach_the_model_only_for_a_cheap_snapshot():
         best = young_daly.waste_fraction(young_daly.best_interval(c, m), c, m)
         young = young_daly.waste_fraction(young_daly.young_interval(c, m), c, m)
         assert (young <= best * 1.001) is close, (c, m, best, young)
-    assert young_daly.daly_first_order(3 * 3600.0, 3600.0) == 3600.0     # Daly's tau = M for C >= 2M
+    assert young_daly.daly_higher_order(3 * 3600.0, 3600.0) == 3600.0     # Daly's tau = M for C >= 2M
+    assert young_daly.first_order_interval(3 * 3600.0, 3600.0) == 3600.0
     assert 0 < young_daly.best_interval(3 * 3600.0, 3600.0) < 3600.0   # the model has its own
 
 
@@ -186,12 +192,14 @@ def test_where_each_windows_seconds_went_on_made_up_logs():
     back = recovery.REJOIN
     # made-up steps begin 0.5 s before their commit: the rest of each interval is between steps
     # (after the discarded step at 3.6, lone steps at 5, 6, 7: 0.9, 0.5, 0.5; step 7 at 9.0: 1.5)
-    assert parts == pytest.approx({recovery.DISCARDED: 0.1, recovery.QUORUM_ALONE: 1.25, back["quorum"]: 0.1,
-                                   back["allreduce"]: 0.3, back["commit"]: 0.0, recovery.BETWEEN: 3.4,
-                                   recovery.IN_STEPS: 5.5 - 0.1 - 1.25 - 0.4 - 3.4})
+    # the heal step (7.0 -> 9.0) is a part of its own, whole: its waits and its time between steps in it
+    assert parts == pytest.approx({recovery.DISCARDED: 0.1, recovery.QUORUM_ALONE: 1.25, recovery.HEAL: 2.0,
+                                   back["quorum"]: 0.0, back["allreduce"]: 0.0, back["commit"]: 0.0,
+                                   recovery.BETWEEN: 1.9, recovery.IN_STEPS: 5.5 - 0.1 - 1.25 - 2.0 - 1.9})
     pause = recovery.longest_pause(m, logs, victim=1, until=7)        # 7.0 -> 9.0, the heal step
     assert (pause["step"], pause["seconds"], pause["between"], pause["allreduce"]) == pytest.approx((7, 2.0, 1.5, 0.3))
-    assert m["waits_per_step_s"] == {r: {"quorum": 0.0, "commit": 0.0} for r in (0, 1)}   # none logged before the kill
+    assert m["waits_per_step_s"] == {r: {"quorum": 0.0, "allreduce": 0.0, "commit": 0.0} for r in (0, 1)}   # none logged
+    assert m["asked_last"] == {0: 0, 1: 0}                                                     # before the kill
     logs = _restart_logs()
     logs[1].insert(6, _ev(18.0, event="start", attempt=1))
     m = recovery.restart_metrics(logs, batch_size=32)
@@ -209,10 +217,26 @@ def test_each_groups_own_waits_and_the_window_split_into_the_failure_and_the_pac
     assert (waits[0]["quorum"], waits[1]["quorum"]) == pytest.approx((0.001, 0.3))    # medians, per group
     window = {"seconds": 6.0, "samples_trained": 120,
               "parts": {recovery.DISCARDED: 0.5, recovery.QUORUM_ALONE: 2.5, recovery.BETWEEN: 3.0}}
-    window.update(recovery.split_window(window, recovery.FAILURE_PARTS["torchft"], steps=3))
+    window.update(recovery.split_window(window, recovery.FAILURE_PARTS["torchft"], 3, recovery.LONGER_STEPS["torchft"]))
     assert (window["failure_s"], window["stepping_s"], window["pace_s"]) == pytest.approx((3.0, 3.0, 1.0))
     assert recovery.goodput_at_pace(window, 3, 1.0) == pytest.approx(window["samples_trained"] / window["seconds"])
     assert recovery.goodput_at_pace(window, 3, 0.5) == pytest.approx(120 / 4.5)      # only the steps go faster
+    # a heal step of 1.5 s among 3 new steps: the other two take 0.75 s each, the heal's 0.75 s more is the failure's
+    healed = {"seconds": 6.0, "samples_trained": 120,
+              "parts": {recovery.DISCARDED: 0.5, recovery.QUORUM_ALONE: 2.5, recovery.HEAL: 1.5, recovery.BETWEEN: 1.5}}
+    healed.update(recovery.split_window(healed, recovery.FAILURE_PARTS["torchft"], 3, recovery.LONGER_STEPS["torchft"]))
+    assert (healed["failure_s"], healed["longer_steps_excess_s"], healed["pace_s"]) == pytest.approx((3.75, 0.75, 0.75))
+    assert healed["failure_s"] + healed["stepping_s"] == pytest.approx(healed["seconds"])
+
+
+def test_which_group_asked_for_the_quorum_last_is_read_from_the_log():
+    logs = _ft_logs()
+    asked = {(0, 1.0): 0.6, (1, 1.0): 0.7, (0, 2.0): 1.8, (1, 2.0): 1.6, (0, 3.0): 2.9, (1, 3.0): 2.5}
+    logs = {r: [dict(e, asked_t=asked[(r, e["t"])]) if (r, e["t"]) in asked and e.get("event") == "step" else e
+                for e in evs] for r, evs in logs.items()}
+    # steps 1-3 before the kill: group 1 asked last in step 1, group 0 in steps 2 and 3; the
+    # discarded step and the lone steps do not count
+    assert recovery.ft_metrics(logs, victim=1, batch_size=32)["asked_last"] == {0: 2, 1: 1}
 
 
 def test_the_lone_rounds_before_the_first_world_of_two_are_counted_per_agent():
@@ -280,7 +304,7 @@ def test_bad_flags_are_refused_in_one_line(main, argv, phrase):
 def test_a_snapshot_slower_than_the_time_between_failures_still_gets_an_interval(capsys):
     assert young_daly.main(["--snapshot-seconds", "100000", "--failures-per-day", "4"]) == 0
     out = capsys.readouterr().out
-    assert "best_interval_s=" in out and "daly_first_order_s=21600.0" in out     # Daly: tau = M
+    assert "best_interval_s=" in out and "daly_higher_order_s=21600.0" in out     # Daly: tau = M
 
 
 def test_a_per_rank_position_would_not_carry_over():

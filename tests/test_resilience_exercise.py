@@ -41,7 +41,7 @@ def _grid_search(c, s, f):       # another way: scan whole steps around the firs
     return min(range(1, 3 * guess + 2), key=waste)
 
 
-def _daly_capped(c, s, f):       # first-order Daly, M beyond C >= 2M
+def _first_order_capped(c, s, f):       # sqrt(2CM) - C, M beyond C >= 2M
     m = _mtbf(f)
     return max(1, round((math.sqrt(2 * c * m) - c) / s)) if c < 2 * m else max(1, round(m / s))
 
@@ -66,7 +66,7 @@ def _young(c, s, f):
     return max(1, round(math.sqrt(2 * c * _mtbf(f)) / s))
 
 
-def _daly_uncapped(c, s, f):
+def _first_order_uncapped(c, s, f):
     m = _mtbf(f)
     return max(1, round((math.sqrt(2 * c * m) - c) / s)) if c < 2 * m else 1
 
@@ -84,7 +84,7 @@ def _no_factor_2(c, s, f):
 
 
 def test_typical_wrong_answers_get_their_own_one_line_diagnosis():
-    want = {_young: "Young's interval", _daly_capped: "first-order Daly", _daly_uncapped: "first-order Daly",
+    want = {_young: "Young's interval", _first_order_capped: "sqrt(2CM) - C", _first_order_uncapped: "sqrt(2CM) - C",
             _mtbf_in_days: "in seconds", _seconds_not_steps: "training steps", _no_factor_2: "factor 2"}
     for fn, phrase in want.items():
         verdict = check_snapshot_every(fn)
@@ -109,8 +109,8 @@ def test_the_cases_separate_the_model_from_its_approximations():
     """Where the snapshot is cheap the formulas are right too; the check also holds a case
     where both closed formulas waste more than the tolerance, one with C >= 2M, one with C < a step."""
     cheap = [c for c in CASES if c[0] < 1e-3 * _mtbf(c[2])]
-    assert cheap and all(right(_young(*c), c) and right(_daly_capped(*c), c) for c in cheap)
-    assert any(not right(_young(*c), c) and not right(_daly_capped(*c), c) for c in CASES)
+    assert cheap and all(right(_young(*c), c) and right(_first_order_capped(*c), c) for c in cheap)
+    assert any(not right(_young(*c), c) and not right(_first_order_capped(*c), c) for c in CASES)
     assert any(c >= 2 * _mtbf(f) for c, s, f in CASES)
     assert any(c < s for c, s, f in CASES)
     assert any(best_interval(c, _mtbf(f)) < s for c, s, f in CASES)      # the best is under one step

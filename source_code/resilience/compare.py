@@ -13,8 +13,9 @@ One kill at the same point in both runs (worker 1 dies inside its gradient all-r
 Both are measured from their step logs (recovery.py): steps lost, samples lost (never trained)
 and, apart from them, sample computations thrown away, the steps discarded, time without
 progress; over one window for both (from the kill to the step where torchft has every group
-back) the seconds it took, split into the failure's and the stepping's (whose pace can differ between
-two runs made one after the other), the samples trained and the goodput, also with both runs' steps
+back) the seconds it took, split into the failure's (torchft's heal step beyond the pace of its other
+steps included) and the stepping's (whose pace can differ between two runs made one after the other,
+and holds each way's own costs: torchft's quorum and commit, the restart's snapshots), the samples trained and the goodput, also with both runs' steps
 at one pace; the loss at equal steps (the end) and
 at equal time after the kill (both back at full batch). The model is fixed and tiny (the
 lesson is the failures); ``--step-seconds`` stands in for a bigger model's step time. Then the
@@ -105,7 +106,14 @@ def compare(steps: int = 20, kill_at: int = 10, snapshot_every: int = 8, step_se
     # the failure's seconds apart from the pace of the window's steps, and both goodputs at one pace
     runs, new_steps = {"torchft": ft, "restart": restart}, until - kill_at
     for name, run in runs.items():
-        run["window"].update(recovery.split_window(run["window"], recovery.FAILURE_PARTS[name], new_steps))
+        run["window"].update(recovery.split_window(run["window"], recovery.FAILURE_PARTS[name], new_steps,
+                                                   recovery.LONGER_STEPS[name]))
+    # a cost of the restart's own way inside its pace: the snapshots written in its window
+    # (step -> the slowest rank's seconds writing it)
+    snaps = restart["window"]["snapshots_s"] = {}
+    for e in (e for evs in restart["events"].values() for e in evs if e.get("event") == "snapshot"):
+        if e["t"] > restart["kill_t"] and kill_at < e["step"] <= until:
+            snaps[e["step"]] = max(snaps.get(e["step"], 0.0), e["seconds"])
     paces = {name: run["window"]["pace_s"] for name, run in runs.items()}
     for run in runs.values():
         run["window"]["goodput_at_pace"] = {name: recovery.goodput_at_pace(run["window"], new_steps, pace)

@@ -1,4 +1,4 @@
-"""Elastic membership on one machine: two torchrun agents (two "nodes"), one dies, one joins.
+"""Elastic membership on one machine: three torchrun agents (three "nodes"): two start, one dies, one joins.
 
     python -m source_code.resilience.elastic --kill-after 32 --samples 128
 

@@ -26,7 +26,8 @@ from source_code.resilience import young_daly
 
 # the model's functions, kept for the check itself (the learner's code finds them hidden)
 _WASTE, _BEST = young_daly.waste_fraction, young_daly.best_interval
-HIDDEN = ("waste_fraction", "best_interval", "young_interval", "daly_first_order", "simulate")
+HIDDEN = ("waste_fraction", "best_interval", "young_interval", "daly_first_order", "first_order_interval",
+          "daly_higher_order", "simulate")
 HIDDEN_MESSAGE = ("young_daly's functions (and the reference solution) are hidden during the check: find "
                   "the best whole number of steps from section 2's waste formula yourself")
 
@@ -56,8 +57,8 @@ def right(steps, case) -> bool:
     return steps >= 1 and got <= (1 + TOLERANCE) * best and 1 - got >= (1 - TOLERANCE) * (1 - best)
 
 
-DALY = ("it is first-order Daly: right where the snapshot is cheap against the time between failures; "
-        "where it is not (and where sqrt(2CM) - C is not even positive), minimise the model itself")
+DALY = ("it is sqrt(2CM) - C, the model to first order: right where the snapshot is cheap against the time "
+        "between failures; where it is not (and where sqrt(2CM) - C is not even positive), minimise the model itself")
 
 
 def _diagnose(fn_values: list, cases) -> str:

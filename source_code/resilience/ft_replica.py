@@ -92,9 +92,10 @@ def time_waits(manager) -> tuple[dict, dict]:
     the gradients' all-reduce (``work.wait()``: the transfer, and a peer that has not reached its
     all-reduce yet: a healing peer reaches it only once it holds the state); ``commit``, the
     commit vote (``should_commit``; a healing group loads the received state there, a sending
-    one closes its checkpoint server after the vote). The second dict holds moments, for the
-    order of the heal: ``received_t`` (the state received), ``allreduce_done_t`` (the step's
-    last all-reduce wait returned) and ``commit_begun_t`` (the vote called)."""
+    one then blocks reads from its checkpoint server, ``disallow_checkpoint``). The second dict
+    holds moments, for the order of the heal: ``received_t`` (the state received), ``allreduce_done_t`` (the step's
+    last all-reduce wait returned) and ``commit_begun_t`` (the vote called); and ``asked_t``,
+    when the step asked for its quorum (``start_quorum`` called), for which group asked last."""
     spent, marks = {"quorum": 0.0, "allreduce": 0.0, "commit": 0.0}, {}
 
     def timed(name, call, mark=None):
@@ -121,6 +122,12 @@ def time_waits(manager) -> tuple[dict, dict]:
         state = receive(*args, **kwargs)
         marks["received_t"] = time.time()
         return state
+    start_quorum = manager.start_quorum
+
+    def start_quorum_marked(*args, **kwargs):
+        marks["asked_t"] = time.time()
+        return start_quorum(*args, **kwargs)
+    manager.start_quorum = start_quorum_marked
     manager.wait_quorum = timed("quorum", manager.wait_quorum)
     manager.should_commit = timed("commit", manager.should_commit, mark="begun")
     manager.allreduce = allreduce_timed

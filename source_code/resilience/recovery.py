@@ -17,9 +17,11 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   again); each run's seconds there, the samples of steps kill+1..S it trained and its goodput
   (those samples per second). Per failure, not per run length; what a run pays on every step,
   failure or not, is its step before the kill (``step_seconds``, the median), not counted here.
-  The window's seconds mix the failure's cost with the pace of the steps in it, which differs
-  between two runs made one after the other: ``split_window`` separates them, and
-  ``goodput_at_pace`` gives the goodput of both at one pace;
+  The window's seconds mix the failure's cost with the pace of the steps in it, which can differ
+  between two runs made one after the other: ``split_window`` separates them (torchft's heal
+  step, longer because the returning group first receives the state, counts as the failure's
+  beyond the pace of the window's other steps), and ``goodput_at_pace`` gives the goodput of both
+  at one pace;
 * the model each run held against time (``evals``: from the commit of each evaluated step by the
   first process to commit it, the same moment as ``commits``; for a restart the snapshot's model
   from the kill until its redone steps commit, the first attempt's later evaluations dropped),
@@ -104,8 +106,9 @@ def window(run: dict, kill_step: int, until: int, batch_size: int) -> dict:
 
 
 DISCARDED, QUORUM_ALONE = "the step the kill landed in (discarded)", "quorum waits without the dead group"
-REJOIN = {"quorum": "from the heal step on: quorum waits", "allreduce": "from the heal step on: all-reduce waits",
-          "commit": "from the heal step on: commit votes"}
+HEAL = "the heal step (group 1 receives the state)"
+REJOIN = {"quorum": "after the heal step: quorum waits", "allreduce": "after the heal step: all-reduce waits",
+          "commit": "after the heal step: commit votes"}
 IN_STEPS, BETWEEN = "in the steps: compute, the other waits", "between the steps: evaluation, floor, log"
 
 
@@ -125,16 +128,20 @@ def ft_time_parts(run: dict, events: dict, victim: int, until: int) -> dict:
     """Where the first survivor's seconds from the kill to its commit of step ``until`` went,
     from its step log (each step's waits timed by ft_replica.time_waits). The parts add up to
     the window's seconds: the step the kill landed in (thrown away); the quorum waits before
-    the heal (a dead group's heartbeats must go stale); the quorum, all-reduce and commit waits
-    from the heal step on (the returning group's first steps); the rest of the steps; and the
+    the heal (a dead group's heartbeats must go stale); the heal step, whole, from the commit
+    before it to its own (the returning group receives the state before it joins the
+    all-reduce); the quorum, all-reduce and commit waits after it; the rest of the steps; and the
     time between steps (the harness's evaluation, the ``--step-seconds`` floor, the log)."""
-    parts = dict.fromkeys((DISCARDED, QUORUM_ALONE, *REJOIN.values(), IN_STEPS, BETWEEN), 0.0)
+    parts = dict.fromkeys((DISCARDED, QUORUM_ALONE, HEAL, *REJOIN.values(), IN_STEPS, BETWEEN), 0.0)
     for e, seconds, between, waits in _survivor_steps(run, events, victim, until):
         if not e["committed"]:
             parts[DISCARDED] += seconds
             continue
+        if e["step"] == run["heal_step"]:
+            parts[HEAL] += seconds
+            continue
         parts[BETWEEN] += between
-        if run["heal_step"] is not None and e["step"] >= run["heal_step"]:
+        if run["heal_step"] is not None and e["step"] > run["heal_step"]:
             for name, waited in waits.items():
                 parts[REJOIN[name]] += waited
             parts[IN_STEPS] += seconds - between - sum(waits.values())
@@ -160,17 +167,24 @@ RELAUNCH, REDONE, NEW_STEPS = ("relaunch (to a restarted worker's start)", "snap
                                "new steps")
 
 
-# the parts of each window in which no new step could be made: the failure's own cost
+# the parts of each window in which no new step could be made: the failure's own cost; and the
+# parts that each hold one new step made longer by the failure (torchft's heal step), whose
+# seconds beyond the pace of the window's other new steps are the failure's too
 FAILURE_PARTS = {"torchft": (DISCARDED, QUORUM_ALONE), "restart": (RELAUNCH, REDONE)}
+LONGER_STEPS = {"torchft": (HEAL,), "restart": ()}
 
 
-def split_window(window: dict, failure_parts: tuple, steps: int) -> dict:
+def split_window(window: dict, failure_parts: tuple, steps: int, longer_steps: tuple = ()) -> dict:
     """A window's seconds (``window["parts"]`` filled in) in two: the failure's (its
-    ``failure_parts``: no new step possible) and the stepping (the rest, over the window's
-    ``steps`` new global steps: the run's pace there, which load and per-step work set)."""
+    ``failure_parts``: no new step possible, and the excess of each of its ``longer_steps``
+    present over the pace of the other steps) and the stepping (the window's ``steps`` new
+    global steps at that pace: the run's own pace there, which load and per-step work set)."""
     failure = sum(window["parts"][p] for p in failure_parts)
-    stepping = window["seconds"] - failure
-    return {"failure_s": failure, "stepping_s": stepping, "pace_s": stepping / steps}
+    longer = [window["parts"][p] for p in longer_steps if window["parts"].get(p)]
+    pace = (window["seconds"] - failure - sum(longer)) / (steps - len(longer))
+    excess = sum(longer) - len(longer) * pace
+    return {"failure_s": failure + excess, "longer_steps_excess_s": excess, "stepping_s": steps * pace,
+            "pace_s": pace}
 
 
 def goodput_at_pace(window: dict, steps: int, pace_s: float) -> float:
@@ -215,6 +229,22 @@ def heal_order(events: dict, victim: int, heal_step) -> dict:
     back, peer = at(victim), at(survivor)
     return {"received": back.get("received_t"), "allreduce_done": peer.get("allreduce_done_t"),
             "commit_begun": peer.get("commit_begun_t")}
+
+
+def asked_last(events: dict, before_t: float) -> dict:
+    """Group -> the number of steps, committed by every group before ``before_t``, for which it
+    was the last to ask for the quorum (``asked_t``, logged by ft_replica.time_waits when the
+    step calls ``start_quorum``; one clock, one machine)."""
+    asked = {}
+    for r, evs in events.items():
+        for e in _steps(evs):
+            if e["committed"] and e["t"] <= before_t and "asked_t" in e:
+                asked.setdefault(e["step"], {})[r] = e["asked_t"]
+    counts = dict.fromkeys(events, 0)
+    for by_group in asked.values():
+        if len(by_group) == len(events):
+            counts[max(by_group, key=by_group.get)] += 1
+    return counts
 
 
 def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
@@ -262,10 +292,12 @@ def ft_metrics(events: dict, victim: int, batch_size: int) -> dict:
             "step_seconds": _step_seconds(commits, kill["step"]),
             # each group's own waits on a step when nothing fails (median before the kill): the
             # group that asks for the quorum last waits for the lighthouse alone (torchft's cost),
-            # another one also for that group to ask (the slowest peer, which DDP waits for too)
+            # another one also for that group to ask (the slowest peer, which DDP waits for too);
+            # the all-reduce waits are the harness's gradient all-reduces through the Manager
             "waits_per_step_s": {r: {name: _median([e.get(f"{name}_s", 0.0) for e in _steps(evs)
                                                     if e["committed"] and e["t"] <= kill["t"]])
-                                     for name in ("quorum", "commit")} for r, evs in events.items()},
+                                     for name in ("quorum", "allreduce", "commit")} for r, evs in events.items()},
+            "asked_last": asked_last(events, kill["t"]),
             "full_step": full[0] if full else None,          # back at full batch (every group)
             "final_step": max(e["step"] for e in ends) if ends else None,
             "final_loss": ends[0]["eval_loss"] if ends else float("nan"),

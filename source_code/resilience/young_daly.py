@@ -10,12 +10,17 @@ seconds completes with probability exp(-P/M), so the expected wall time per comp
 M (exp(P/M) - 1), and the fraction of time wasted is
     waste(tau) = 1 - tau / (M (exp((tau + C) / M) - 1))
 (``waste_fraction``; ``simulate`` checks it with drawn failures); ``best_interval`` finds its
-minimum. Expanded to first order in P/M the waste is
-C/(tau + C) + tau/(2M), minimised by first-order Daly (2006): tau = sqrt(2 C M) - C; dropping C
-against tau as well gives C/tau + tau/(2M) and Young (1974): tau = sqrt(2 C M). Both are close
-to the model's minimum when C << M and drift away from it as C approaches M. Daly's paper gives
-its estimates for C < 2M only (there sqrt(2 C M) - C is positive) and takes tau = M for C >= 2M;
-the model has its own best interval there too.
+minimum. This is Daly's complete model (2006, "A higher order estimate of the optimum checkpoint
+interval for restart dumps"), whose expected run time also holds a factor exp(R/M) for the
+restart time R, which moves no interval. Daly's higher-order estimate of its minimum (his
+eq. 37, ``daly_higher_order``) is sqrt(2 C M) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C for C < 2M, and
+M for C >= 2M. Expanded to first order in P/M the waste is C/(tau + C) + tau/(2M), minimised
+at sqrt(2 C M) - C (``first_order_interval``); dropping C against tau as well gives
+C/tau + tau/(2M) and Young's interval (1974): sqrt(2 C M). Daly's own first-order model (his
+simpler cost function, which counts R and a rework of half a period) gives sqrt(2 C (M + R))
+(``daly_first_order``): Young's with M + R for M. All are close to the model's minimum when
+C << M and drift away from it as C approaches M; the model has its own best interval for
+C >= 2M too.
 """
 from __future__ import annotations
 
@@ -74,13 +79,29 @@ def young_interval(snapshot_s: float, mtbf_s: float) -> float:
     return math.sqrt(2 * snapshot_s * mtbf_s)
 
 
-def daly_first_order(snapshot_s: float, mtbf_s: float) -> float:
-    """First-order Daly (2006): the minimum of C/(tau + C) + tau/(2M) for C < 2M; for C >= 2M
-    (where sqrt(2CM) - C is not positive) Daly's paper takes tau = M."""
+def daly_first_order(snapshot_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Daly's first-order model (2006): sqrt(2 C (M + R)); with R = 0 it is Young's interval."""
+    _check(snapshot_s, mtbf_s)
+    return math.sqrt(2 * snapshot_s * (mtbf_s + restart_s))
+
+
+def first_order_interval(snapshot_s: float, mtbf_s: float) -> float:
+    """The minimum of the model's waste to first order, C/(tau + C) + tau/(2M): sqrt(2CM) - C
+    for C < 2M; for C >= 2M, where that is not positive, M (as Daly's eq. 37 takes)."""
     _check(snapshot_s, mtbf_s)
     if snapshot_s >= 2 * mtbf_s:
         return mtbf_s
     return math.sqrt(2 * snapshot_s * mtbf_s) - snapshot_s
+
+
+def daly_higher_order(snapshot_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order estimate (2006, eq. 37) of the model's best interval:
+    sqrt(2CM) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C for C < 2M, M for C >= 2M."""
+    _check(snapshot_s, mtbf_s)
+    if snapshot_s >= 2 * mtbf_s:
+        return mtbf_s
+    ratio = snapshot_s / (2 * mtbf_s)
+    return math.sqrt(2 * snapshot_s * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - snapshot_s
 
 
 def simulate(interval_s: float, snapshot_s: float, mtbf_s: float, failures: int = 20000, seed: int = 0) -> float:
@@ -104,10 +125,11 @@ def main(argv=None):
         raise LaunchError("error: --snapshot-seconds and --failures-per-day must be finite")
     best = best_interval(a.snapshot_seconds, mtbf)
     young = young_interval(a.snapshot_seconds, mtbf)
-    daly = daly_first_order(a.snapshot_seconds, mtbf)
+    daly = daly_higher_order(a.snapshot_seconds, mtbf)
+    first = first_order_interval(a.snapshot_seconds, mtbf)
     print(f"best_interval_s={best:.1f} waste_at_best={waste_fraction(best, a.snapshot_seconds, mtbf):.4f} "
           f"young_interval_s={young:.1f} waste_at_young={waste_fraction(young, a.snapshot_seconds, mtbf):.4f} "
-          f"daly_first_order_s={daly:.1f}")
+          f"first_order_interval_s={first:.1f} daly_higher_order_s={daly:.1f}")
     return 0
 
 
