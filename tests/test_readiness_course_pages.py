@@ -140,3 +140,35 @@ def test_the_reservation_table_counts_the_lines_each_day_submits():
     for t, r in found:
         assert int(r) == math.ceil(20 * 2 / (1 + 5 / int(t))), (t, r)
     assert re.search(r"R = ⌈40 / 3\.5⌉ = 12 nodes; with t = 5 min, R = 20", page)
+
+
+def test_the_small_grant_plan_computes_its_waits_and_fits_the_rule():
+    page = text("COURSE_DAY.md")
+    waits = re.findall(r"\(⌈(\d+) / (\d+)⌉ − 1\) · (\d+) = (\d+) minutes", page)
+    assert len(waits) == 2, waits
+    for jobs_nodes, r, t, wait in waits:
+        assert (math.ceil(int(jobs_nodes) / int(r)) - 1) * int(t) == int(wait), (jobs_nodes, r, t, wait)
+    (room, r, _, alone), (groups, r2, _, grouped) = waits
+    assert int(room) == 20 * 2 and int(groups) == 20 // 4 * 2 and r == r2 == "4"   # groups of four
+    rule = re.search(r"a participant whose job has waited \*\*(\d+) minutes\*\*", text("SLOW_QUEUE.md"))
+    assert int(alone) > int(rule.group(1)) >= int(grouped), (alone, grouped, rule)
+    # the labs on Roihu: one GPU each, a node's GPUs to a node
+    roihu = site_profiles.load("roihu")
+    found = re.search(r"one GPU each, (\d+) to a node, ⌈N / \d+⌉ nodes all\s+day: (\d+) for 20", page)
+    assert found and int(found.group(1)) == roihu.gpus_per_node
+    assert int(found.group(2)) == math.ceil(20 / roihu.gpus_per_node)
+
+
+def _plan_section(title: str) -> str:
+    plan = (NOTEBOOKS / "COURSE_PLAN.md").read_text()
+    return plan.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_what_course_day_says_of_the_plan_holds():
+    ends = re.findall(r"^\| (\d\d):(\d\d) \| \*end\* \|", _plan_section("Two days"), re.M)
+    assert len(ends) == 2 and all(int(h) * 60 + int(m) < 17 * 60 for h, m in ends), ends
+    rows = [ln.split("|")[1:-1] for ln in _plan_section("Every section, timed").splitlines()
+            if ln.startswith("| 06 |")]
+    slots = {r[1].strip().split(".")[0]: r[2].strip() for r in rows if r[4].strip()}
+    assert slots == {"8": "core", "10": "optional", "12": "optional"}, slots   # COURSE_DAY's "three exercises"
+    assert "Notebook 06 has three\n   exercises (sections 8, 10 and 12), each with its exercise slot" in text("COURSE_DAY.md")
