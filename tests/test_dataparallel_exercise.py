@@ -68,3 +68,41 @@ def test_costs_count_the_bytes_dataparallel_moves():
 def test_threads_do_not_speed_up_interpreter_bound_work():
     gil = costs.gil_cost(units=4000, rounds=5)  # back to back, 5 times: medians of the rounds
     assert gil["threads_speedup"] < 1.4, gil
+
+
+def test_same_work_decides_from_paired_cpu_times_one_disturbed_step_cannot_tip_it():
+    plain = [0.080] * 10
+    same = [0.081, 0.079, 0.080, 0.082, 0.079, 0.080, 0.081, 0.080, 0.079, 0.080]
+    assert costs.same_work(same, plain)
+    # one step of either variant slowed 5x by a neighbour: the verdict stands
+    assert costs.same_work(same[:3] + [0.400] + same[4:], plain)
+    assert costs.same_work(same, plain[:6] + [0.400] + plain[7:])
+    # the machine gets busy after the first round and stays busy: both sides of every later pair slow alike,
+    # where the fastest steps alone (0.080 against 0.160) would say twice the cost
+    assert costs.same_work([same[0]] + [2 * t for t in same[1:]], plain[:1] + [0.160] * 9)
+    # twice the work is told apart, even with one step of the plain module disturbed
+    assert not costs.same_work([2 * t for t in same], plain)
+    assert not costs.same_work([2 * t for t in same], plain[:6] + [0.400] + plain[7:])
+    assert costs.paired_ratio([2.0, 3.0, 9.0], [1.0, 3.0, 1.0]) == 2.0
+
+
+def test_interleaved_steps_rotate_the_order_and_keep_wall_and_cpu_times():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    calls = []
+
+    def recording(name):
+        def forward(t):
+            calls.append(name)
+            return model(t)
+        return forward
+
+    steps = costs.interleaved_steps({n: recording(n) for n in "abc"}, model, x, y, rounds=5)
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert len(rounds) == 6 and all(sorted(r) == list("abc") for r in rounds)  # a warm-up round, then 5
+    assert [r[0] for r in rounds] == list("abcabc")  # each variant runs first in turn
+    assert all(len(v) == 5 and min(v) > 0 for v in steps["wall_s"].values())
+    assert all(len(v) == 5 and min(v) >= 0 for v in steps["cpu_s"].values())
+    assert steps["fastest_ms"] == {n: 1e3 * min(v) for n, v in steps["wall_s"].items()}
+    assert steps["cpu_ratio"]["a"] == 1.0

@@ -79,29 +79,50 @@ def step_ms(model, x, y, repeats: int = 20) -> float:
     return _median_ms(step, repeats)
 
 
-def interleaved_step_ms(variants: dict, model, x, y, rounds: int = 10) -> dict:
-    """Median forward + backward per variant ({name: forward function}), measured round-robin
-    so that every variant sees the same machine load."""
-    return interleaved_steps(variants, model, x, y, rounds)["ms"]
+# a step that does the same work costs the same CPU time within this factor; twice the work is outside
+SAME_WORK = 1.5
 
 
 def interleaved_steps(variants: dict, model, x, y, rounds: int = 10) -> dict:
-    """{"ms": median step per variant, "ratio": median over the rounds of each variant's step
-    over the first variant's step of the same round}: the variants run back to back in every
-    round, so a busy spell of the machine slows a round's variants alike."""
-    times = {name: [] for name in variants}
+    """Forward + loss + backward of every variant ({name: forward function}) in each of ``rounds``
+    rounds (after a warm-up round), the variants back to back and their order rotated by one from
+    round to round, so that no variant always runs first or right after the same one. Each step
+    keeps its wall time and its CPU time (``time.process_time``: every thread of this process):
+    a neighbour on the same cores lengthens the wall time, not the seconds this process computed.
+
+    Returns {"wall_s": {name: [per round]}, "cpu_s": {name: [per round]}, "fastest_ms": {name: the
+    least disturbed wall step}, "cpu_ratio": {name: paired_ratio of its CPU times to the first
+    variant's}}."""
+    names = list(variants)
+    wall, cpu = {n: [] for n in names}, {n: [] for n in names}
     for r in range(rounds + 1):
-        for name, forward in variants.items():
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             model.zero_grad(set_to_none=True)
             _sync()
-            t0 = time.perf_counter()
-            F.cross_entropy(forward(x), y).backward()
+            w0, c0 = time.perf_counter(), time.process_time()
+            F.cross_entropy(variants[name](x), y).backward()
             _sync()
+            w, c = time.perf_counter() - w0, time.process_time() - c0
             if r:  # round 0 is the warm-up
-                times[name].append(time.perf_counter() - t0)
-    first = times[next(iter(variants))]
-    return {"ms": {name: 1e3 * statistics.median(ts) for name, ts in times.items()},
-            "ratio": {name: statistics.median(t / f for t, f in zip(ts, first)) for name, ts in times.items()}}
+                wall[name].append(w)
+                cpu[name].append(c)
+    base = names[0]
+    return {"wall_s": wall, "cpu_s": cpu,
+            "fastest_ms": {n: 1e3 * min(ts) for n, ts in wall.items()},
+            "cpu_ratio": {n: paired_ratio(ts, cpu[base]) for n, ts in cpu.items()}}
+
+
+def paired_ratio(times, base) -> float:
+    """Median over the rounds of ``times[i] / base[i]``, the two measured in the same round: a
+    change of the machine's load between rounds slows both sides of a ratio, and one disturbed
+    step moves the median by one place at most."""
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
+
+
+def same_work(times, base, margin: float = SAME_WORK) -> bool:
+    """Whether two variants' steps cost the same (CPU) time within ``margin``, from paired_ratio."""
+    return 1 / margin < paired_ratio(times, base) < margin
 
 
 def small_ops(units: int) -> float:
