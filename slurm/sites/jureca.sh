@@ -4,8 +4,9 @@
 SITE_NAME="JURECA-like"
 SITE_PARTITION=dc-gpu
 SITE_PARTITION_MAX_GPUS=4096
-SITE_PARTITION_TEST=dc-gpu-devel   # short runs (limits below are this profile's own guess,
-                                   # not checked against JSC's documentation)
+SITE_PARTITION_TEST=dc-gpu-devel   # short runs (limits below are this profile's own guess:
+                                   # JSC's partition table was not read; on JURECA,
+                                   # scontrol show partition dc-gpu-devel gives MaxNodes, MaxTime)
 SITE_TEST_MAX_GPUS=16
 SITE_TEST_MAX_MINUTES=120
 # partition=max nodes/max time: this profile's own guess, like the test partition above
