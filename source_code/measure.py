@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 
@@ -26,14 +27,35 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from source_code import device_policy
 
-try:  # public from torch 2.5 on
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - older torch
-    from torch.distributed._tensor import DTensor
+
+def _loaded_dtensor():
+    """DTensor's class if its module is loaded, else None: a DTensor exists only once it is, and
+    importing it costs a process that never makes one about a CPU-second (it pulls in sympy)."""
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):   # public from 2.5 on
+        cls = getattr(sys.modules.get(name), "DTensor", None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def is_dtensor(t) -> bool:
+    cls = _loaded_dtensor()
+    return cls is not None and isinstance(t, cls)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    """A DTensor's local shard, any other tensor itself."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def __getattr__(name):   # ``from source_code.measure import DTensor`` imports it when asked
+    if name == "DTensor":
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # pragma: no cover - older torch
+            from torch.distributed._tensor import DTensor
+        return DTensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tensor_bytes(tensors, exclude=()) -> int:

@@ -20,7 +20,7 @@ from torch import nn
 
 from source_code import data
 from source_code.models import TransformerLM
-from source_code.measure import DTensor
+from source_code.measure import is_dtensor
 
 SORT_VOCAB = 17  # 16 symbols + the separator of data.sequence_task
 
@@ -54,7 +54,7 @@ def init_weights(model: nn.Module, seed: int) -> None:
     for index, (name, p) in enumerate(model.named_parameters()):
         device = p.device if p.device.type != "meta" else torch.device("cpu")
         full = _full_value(name, p.shape, seed, index, device)       # one full tensor at a time
-        if isinstance(p, DTensor):
+        if is_dtensor(p):
             p.to_local().copy_(_my_shard(full, p))
         else:
             p.copy_(full)

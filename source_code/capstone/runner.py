@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from source_code.measure import DTensor
+from source_code.measure import is_dtensor
 
 
 @dataclass
@@ -85,7 +85,7 @@ def token_group(grid):
 
 def full_weights(model) -> dict:
     """name -> full tensor (DTensors gathered: a collective on every rank of their mesh)."""
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    return {n: (p.full_tensor() if is_dtensor(p) else p).detach().clone()
             for n, p in model.named_parameters()}
 
 
@@ -94,7 +94,7 @@ def sum_gradients(params, group=None) -> None:
     already carries 1/global count, so the pieces' gradients ADD UP to the whole batch's."""
     for p in params:
         if p.grad is not None:
-            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            g = p.grad.to_local() if is_dtensor(p.grad) else p.grad
             dist.all_reduce(g, group=group)
 
 

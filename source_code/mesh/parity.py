@@ -28,7 +28,7 @@ from source_code.mesh import reference
 from source_code.mesh.tp import build_2d, check_divisible
 from source_code.workload import lm_loss
 from source_code import workload
-from source_code.measure import DTensor
+from source_code.measure import is_dtensor
 
 LAUNCH = "torchrun --standalone --nproc-per-node=4 -m source_code.mesh.parity"
 
@@ -41,7 +41,7 @@ def quiet_redistribute_warnings() -> None:
 
 def full_weights(model) -> dict:
     """name -> full tensor (a collective for DTensors: every rank of the mesh calls it)."""
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    return {n: (p.full_tensor() if is_dtensor(p) else p).detach().clone()
             for n, p in model.named_parameters()}
 
 

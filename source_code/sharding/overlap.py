@@ -51,7 +51,7 @@ from source_code.distributed import print0, run_main, session
 from source_code.profiling import classify
 from source_code import workload
 from source_code.sharding.fsdp import build_sharded
-from source_code.measure import CommCounter, DTensor
+from source_code.measure import CommCounter, is_dtensor
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.sharding.overlap"
 VARIANTS = ("none", "prefetch", "prefetch_async")
@@ -79,7 +79,7 @@ def watch_residency(model, counter: CommCounter) -> list[dict]:
     def hook(index):
         def pre_forward(module, args):
             full = [j for j, b in enumerate(blocks)
-                    if not any(isinstance(p, DTensor) for p in b.parameters())]
+                    if not any(is_dtensor(p) for p in b.parameters())]
             seen.append({"block": index, "unsharded": full,
                          "gathers_issued": counter.calls["all_gather"]})
         return pre_forward

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from source_code.distributed import LaunchError, print0, run_main, session
 from source_code import workload
 from source_code.sharding.fsdp import build_sharded
-from source_code.measure import DTensor
+from source_code.measure import is_dtensor
 from source_code.sharding.zero import ZeroAdamW
 
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.sharding.parity"
@@ -34,7 +34,7 @@ IMPLS = ("zero1", "zero2", "torch_zero", "fsdp")
 
 def full_weights(model) -> list[torch.Tensor]:
     """Every parameter as a full tensor (collective for sharded ones: call on all ranks)."""
-    return [(p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+    return [(p.full_tensor() if is_dtensor(p) else p).detach().cpu().clone()
             for p in model.parameters()]
 
 
