@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import slurm_cluster  # noqa: E402
 
-from source_code.launch import site_profiles, sync_check  # noqa: E402
+from source_code.launch import jobs, site_profiles, sync_check  # noqa: E402
 from source_code.training.loop import parse_summary  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -130,29 +131,68 @@ def test_fault_tolerant_main_job_restarts_and_resumes(submit, tmp_path):
     assert (summary["world_size"], summary["epochs"]) == (2, 2)
 
 
-def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(submit, tmp_path):
-    # 1-minute limit, USR1 15 s before it: an early USR1 (Slurm's timer may send it up to a minute
-    # early; a requeued run gets a stale one at its start) arms a timer for 15 s before the limit,
-    # so every run is stopped 45 s after it starts; the trap waits 3 s for the epoch in progress
-    # to be saved, then requeues: same id, same log (--open-mode=append). The first run trains 2
-    # epochs and then waits until the trap stops it (source_code.launch.requeue_drill): it is
-    # certainly still running when the warning comes, on a fast machine or a slow one (45 s for
-    # a start and 2 one-step epochs: about 15 s on a busy 2-core machine); the next run resumes
-    # after epoch 2 and ends.
-    ckpt, epochs = tmp_path / "snap.pt", 6
-    job = submit("ddp_fault_tolerant.slurm", "--epochs", str(epochs), "--max-steps", "1",
-                 "--hold-after-epoch", "2",
-                 env={"CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8", "REQUEUE_GRACE": "3",
-                      "REQUEUE_LEAD": "15", "TRAIN_MODULE": "source_code.launch.requeue_drill"},
-                 sbatch_args=["--time=1", "--signal=B:USR1@15"], timeout=900)
-    assert job.ok, job.output
-    assert "holding after epoch 2: this run waits until the job stops it" in job.output
-    assert job.restarts >= 1 and "run 2 of job" in job.output
-    assert re.search(r"time limit near: stopping the training after waiting \d+s", job.output)
-    assert f"requeueing job {job.id}; run 2 resumes from {ckpt}" in job.output
-    resumed = [int(e) for e in re.findall(rf"resumed from {re.escape(str(ckpt))} after epoch (\d+)", job.output)]
-    assert resumed and resumed[0] == 2, job.output[-3000:]
-    summary = parse_summary(job.output[job.output.rindex("summary:"):])
+def _until_logged(job_id: str, log: Path, text: str, limit_s: float = 1800) -> bool:
+    """Poll (0.5 s) until ``text`` is in the job's log; False if the job leaves the queue first.
+    ``limit_s`` only bounds a job that never starts (it may wait behind the other worker's jobs)."""
+    t0 = time.time()
+    while time.time() - t0 < limit_s:
+        if log.is_file() and text in log.read_text():
+            return True
+        if slurm_cluster.job_info(job_id).get("JobState") not in (None, *jobs.WAITING):
+            return log.is_file() and text in log.read_text()
+        time.sleep(0.5)
+    return False
+
+
+def _set_time_limit(job_id: str, minutes: int) -> None:
+    # as root (the test cluster's user): an owner may only lower a job's limit
+    res = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def _seconds(runtime: str) -> int:
+    """scontrol's RunTime, [days-]hours:minutes:seconds, in seconds."""
+    days, _, hms = runtime.rpartition("-")
+    h, m, s = map(int, hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(cluster, tmp_path):
+    # The first run trains 2 epochs and then waits until the trap stops it
+    # (source_code.launch.requeue_drill), standing for a training longer than the limit. Its
+    # limit is set only once it holds, to end a minute or two later, so that the warning finds it
+    # holding however long its start and 2 epochs took (a busy machine). USR1 comes 30 s before
+    # the limit (Slurm's timer may send it up to a minute early: the trap then waits with a timer
+    # for 30 s before the limit); the trap waits 3 s for the epoch in progress to be saved, stops
+    # the training and requeues: same id, same log (--open-mode=append). The next run gets a long
+    # limit back, resumes after epoch 2 and ends.
+    ckpt, epochs, lead = tmp_path / "snap.pt", 6, 30
+    env = {**os.environ, "WORKSHOP_SITE": "local", "CHECKPOINT": str(ckpt), "MAX_REQUEUES": "8",
+           "REQUEUE_GRACE": "3", "REQUEUE_LEAD": str(lead), "TRAIN_MODULE": "source_code.launch.requeue_drill"}
+    job_id = slurm_cluster.sbatch(SCRIPTS / "ddp_fault_tolerant.slurm", "--epochs", epochs, "--max-steps", 1,
+                                  "--hold-after-epoch", 2, env=env, cwd=ROOT,
+                                  sbatch_args=["-o", f"{tmp_path}/%x-%j.out", "--time=10",
+                                               f"--signal=B:USR1@{lead}"])
+    log = tmp_path / f"ddp-fault-tolerant-{job_id}.out"
+    try:
+        assert _until_logged(job_id, log, "holding after epoch 2: this run waits until the job stops it"), \
+            log.read_text() if log.is_file() else "no log"
+        ran = _seconds(slurm_cluster.job_info(job_id)["RunTime"])
+        _set_time_limit(job_id, -(-(ran + lead + 20) // 60))   # whole minutes: 50-110 s from now
+        assert _until_logged(job_id, log, f"requeueing job {job_id}; run 2 resumes from {ckpt}"), log.read_text()
+        _set_time_limit(job_id, 10)
+        info = slurm_cluster.wait(job_id, timeout=900)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    output = log.read_text()
+    print(f"job {job_id}: {info['JobState']}, {info['Restarts']} restart(s)\n{output[-3000:]}")
+    # COMPLETED, not TIMEOUT: the first run was stopped and requeued by its trap before the limit
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1 and "run 2 of job" in output, output[-3000:]
+    assert re.search(r"time limit near: stopping the training after waiting \d+s", output)
+    resumed = [int(e) for e in re.findall(rf"resumed from {re.escape(str(ckpt))} after epoch (\d+)", output)]
+    assert resumed and resumed[0] == 2, output[-3000:]
+    summary = parse_summary(output[output.rindex("summary:"):])
     assert summary["epochs"] == epochs and summary["world_size"] == 2
 
 

@@ -1,16 +1,21 @@
 """The time-limit drill's training: ddp_fault_tolerant, whose first run stops making progress
 after a given epoch and waits there until the job stops it.
 
-    TRAIN_MODULE=source_code.launch.requeue_drill sbatch --time=1 --signal=B:USR1@40 \\
+    REQUEUE_LEAD=30 TRAIN_MODULE=source_code.launch.requeue_drill sbatch --signal=B:USR1@30 \\
         slurm/ddp_fault_tolerant.slurm --epochs 6 --hold-after-epoch 2
+    # once the log says "holding after epoch 2": a limit a minute or two away (M: the minutes of
+    # RunTime in `scontrol show job <id>`, plus 2; a job's owner may lower its limit)
+    scontrol update JobId=<id> TimeLimit=<M>
 
 It stands for a training longer than the job's time limit. A drill that only trained for many
 epochs would count on them lasting until Slurm's warning signal: on a fast machine the training
-ends first and the job is never requeued; on a slow one it needs more runs than planned. Here
-the first run (SLURM_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT 0) trains ``--hold-after-epoch``
-epochs, each saved as usual, then every rank waits, doing nothing, until the job script's trap
-stops it (SIGTERM) and requeues the job; the next run resumes after exactly that epoch and
-trains to the end. The training itself is ddp_fault_tolerant's, unchanged: the hold wraps its
+ends first and the job is never requeued; on a slow one it needs more runs than planned. A
+short limit set at submission counts on the start and the first epochs fitting in it; set once
+the run holds, it does not (tests/test_slurm.py does the same). Here the first run
+(SLURM_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT 0) trains ``--hold-after-epoch`` epochs,
+each saved as usual, then every rank waits, doing nothing, until the job script's trap stops it
+(SIGTERM) and requeues the job; the next run resumes after exactly that epoch and trains to the
+end. The training itself is ddp_fault_tolerant's, unchanged: the hold wraps its
 per-epoch call from outside.
 """
 from __future__ import annotations
