@@ -194,7 +194,7 @@ def late_rank_possible(reports: dict) -> bool:
     any collective, or both ranks waited at the same position of their calls in different
     collectives, or one rank waited in its collective #k while the other finished the epoch with
     fewer than k: no wait makes those right. Anything else can be lateness: both ranks waiting in
-    the same collective (the late one got there after the other had given up), the late one one
+    the same collective (the late one got there after the other had given up), the late one a
     collective further on (on gloo a collective the other rank had already sent its share of can
     complete after that rank has given up), or a report missing (the late rank was stopped
     before it could write it)."""
