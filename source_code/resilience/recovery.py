@@ -19,7 +19,7 @@ applied; the kill; the resume; the evaluations), never set by the code that is m
   failure or not, is its step before the kill (``step_seconds``, the median), not counted here.
   The window's seconds mix the failure's cost with the pace of the steps in it, which can differ
   between two runs made one after the other: ``split_window`` separates them (torchft's heal
-  step, longer because the returning group first receives the state, counts as the failure's
+  step, in which the returning group first receives the state, counts as the failure's
   beyond the pace of the window's other steps), and ``goodput_at_pace`` gives the goodput of both
   at one pace;
 * the model each run held against time (``evals``: from the commit of each evaluated step by the
