@@ -6,6 +6,7 @@ import inspect
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -165,6 +166,49 @@ def test_staging_without_shards_is_refused_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LaunchError, match="nothing to stage in"):
         staging.main(["--from", str(tmp_path / "empty"), "--to", str(tmp_path / "x")])
+
+
+def test_the_stage_directory_expands_each_nodes_variables_and_refuses_an_unset_one(tmp_path, monkeypatch):
+    # what the job scripts pass single-quoted: each node expands its own $TMPDIR, not the batch host
+    monkeypatch.setenv("SLURMD_NODENAME", "n3")
+    monkeypatch.setenv("NODE_TMP", str(tmp_path / "local"))
+    for template in ("$NODE_TMP/stage-{node}", "${NODE_TMP}/stage-{node}"):
+        assert staging.node_dir(template) == str(tmp_path / "local" / "stage-n3")
+    (tmp_path / "shards").mkdir()
+    formats.write_shards(formats.make_samples(40), tmp_path, per_shard=20)
+    staging.main(["--from", str(tmp_path / "shards"), "--to", "$NODE_TMP/stage-{node}"])
+    assert staging.staged(tmp_path / "local" / "stage-n3") and not (pathlib.Path.cwd() / "$NODE_TMP").exists()
+    monkeypatch.delenv("NODE_TMP")
+    with pytest.raises(LaunchError, match=r"names \$NODE_TMP, which is not set on n3: set it, or give"):
+        staging.main(["--from", str(tmp_path / "shards"), "--to", "$NODE_TMP/stage-{node}"])
+    with pytest.raises(LaunchError, match="may hold {node} and no other"):
+        staging.node_dir(str(tmp_path / "stage-{host}"))
+
+
+MOUNTS = """/dev/nvme0n1 / ext4 rw 0 0
+10.0.0.1@o2ib:/scratch /scratch lustre rw 0 0
+tmpfs /tmp tmpfs rw 0 0
+jurecafs /p gpfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize("directory, fs", [("/scratch/project_1/stage-n1", "lustre"), ("/p/scratch/x", "gpfs")])
+def test_a_stage_directory_on_a_shared_file_system_is_refused_before_the_copy(directory, fs):
+    assert staging.file_system(directory, MOUNTS)[1] == fs
+    with pytest.raises(LaunchError, match=f"on the shared {fs} file system .*set STAGE_DIR"):
+        staging.check_target(directory, mounts=MOUNTS)
+    staging.check_target("/tmp/stage-n1", mounts=MOUNTS)          # LUMI's /tmp, in memory: the node's own
+    assert staging.file_system("/tmp/stage-n1", MOUNTS) == ("/tmp", "tmpfs")
+
+
+def test_a_stage_directory_too_small_or_not_writable_is_refused(tmp_path, monkeypatch):
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(LaunchError, match="do not fit in .* GB free\\): stage each node's part only"):
+        staging.check_target(tmp_path / "stage", need_bytes=free + 10**9)
+    staging.check_target(tmp_path / "stage", need_bytes=1)
+    monkeypatch.setattr(staging.os, "access", lambda path, mode: False)
+    with pytest.raises(LaunchError, match="cannot write .* is not writable"):
+        staging.check_target(tmp_path / "stage")
 
 
 # ------------------------------------------------------------------------- the loaders' resume

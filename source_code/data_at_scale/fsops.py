@@ -128,7 +128,7 @@ def epoch(reader, source, root) -> dict:
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     digest = hashlib.sha1(b"".join(i.to_bytes(4, "little") + bytes(b) for i, b in sorted(pairs)))
     return {"ids": [i for i, _ in pairs], "digest": digest.hexdigest(), "opens": ops.opens, "stats": ops.stats, "listings": ops.listings,
-            "requests": ops.total, "files": len(ops.paths),
+            "requests": ops.total, "files": sum(os.path.isfile(p) for p in ops.paths),   # not the listed directory
             "bytes": sum(os.path.getsize(p) for p in ops.paths if os.path.isfile(p)),
             "cpu_s": cpu, "wall_s": wall}
 

@@ -5,7 +5,11 @@ read them from there.
     python -m source_code.data_at_scale.staging --to '/tmp/$USER-stage-{node}-$SLURM_JOB_ID' --remove
 
 Run it as one task per node (``srun --ntasks-per-node=1``): ``{node}`` in ``--to`` becomes
-this node's name (SLURMD_NODENAME, else the host name). On a real cluster the node-local
+this node's name (SLURMD_NODENAME, else the host name), and ``$VAR`` or ``${VAR}`` the node's
+own value of that variable (``'$TMPDIR/stage-{node}'``, single-quoted, is expanded on each node;
+a variable that is not set there stops the job in one line). Before it copies, the directory is
+checked: one on a shared network file system (Lustre, GPFS, NFS, ...) or one too small for the
+shards stops it in one line that names the fix. On a real cluster the node-local
 directory is the node's own anyway (Roihu: ``$TMPDIR``, 150 GiB per user in a GPU job; LUMI:
 ``/tmp``, which lives in the node's memory; Puhti and Mahti, retired in 2026, had ``$LOCAL_SCRATCH`` asked for with
 ``--gres=nvme:<GB>``); on the workshop's
@@ -31,6 +35,7 @@ Neither pays for a job that reads its data once (a large corpus seen once).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import time
@@ -56,13 +61,73 @@ NODE_LOCAL = [
 ]
 
 
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+UNSET = re.compile(r"\$(\w+|\{\w+\})")
+# how a site's node-local directory is named, for the errors below
+WHERE = "Roihu: '$TMPDIR/stage-{node}'; LUMI: /tmp/$USER-stage-{node}"
+
+
 def node_dir(template: str) -> str:
-    """``template`` with ``{node}`` replaced by this node's name."""
-    try:
-        return template.format(node=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
-    except (KeyError, IndexError, ValueError):
+    """``template`` with ``{node}`` replaced by this node's name and ``$VAR``/``${VAR}`` by this
+    node's value of the variable (and ``~`` by the home directory)."""
+    if re.search(r"[{}]", re.sub(r"\$\{\w+\}|\{node\}", "", template)):
         raise LaunchError(f"error: the directory {template!r} may hold {{node}} and no other "
-                          "{...} field: write the node's place as {node}") from None
+                          "{...} field: write the node's place as {node}")
+    path = os.path.expanduser(os.path.expandvars(template.replace("{node}", node_name())))
+    unset = UNSET.search(path)
+    if unset:
+        raise LaunchError(f"error: the directory {template!r} names ${unset.group(1).strip('{}')}, which is not "
+                          f"set on {node_name()}: set it, or give the node's own storage ({WHERE})")
+    return path
+
+
+# file systems that every node shares: a copy there is no staging
+SHARED_FS = {"lustre", "gpfs", "nfs", "nfs4", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs"}
+
+
+def file_system(path, mounts: str | None = None) -> tuple[str, str]:
+    """(mount point, file system type) of ``path``, or of its nearest existing parent, from the
+    kernel's mount table (``mounts``: its text, for a test)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return "", ""                                  # no mount table (macOS): nothing to check
+    path = os.path.abspath(path)
+    best = ("", "")
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
+            best = (point, fields[2])
+    return best
+
+
+def check_target(directory, need_bytes: int = 0, mounts: str | None = None) -> None:
+    """Stop in one line before any copy when ``directory`` is not the node's own storage (a shared
+    network file system), cannot be written, or has less room than ``need_bytes``."""
+    directory = Path(directory)
+    point, fs = file_system(directory, mounts)
+    if fs in SHARED_FS:
+        raise LaunchError(f"error: {directory} is on the shared {fs} file system ({point}), not on {node_name()}'s "
+                          f"own storage: staging there copies the data onto the shared file system again; "
+                          f"set STAGE_DIR (--to) to node-local storage ({WHERE})")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise LaunchError(f"error: cannot write {directory} on {node_name()} ({existing} is not writable); "
+                          f"set STAGE_DIR (--to) to node-local storage you may write ({WHERE})")
+    free = shutil.disk_usage(existing).free
+    if need_bytes > free:
+        raise LaunchError(f"error: the shards ({need_bytes / 1e9:.3g} GB) do not fit in {directory} on {node_name()} "
+                          f"({free / 1e9:.3g} GB free): stage each node's part only (segmented), or use a node "
+                          "with more local space")
 
 
 def staged(directory) -> list[str] | None:
@@ -128,8 +193,11 @@ def main(argv=None):
         raise LaunchError(f"error: --from {args.source} is not a directory; write the shards first "
                           "(python -m source_code.data_at_scale.formats --out DIR --only shards)")
     target = node_dir(args.target)
+    if staged(target) is None:                  # before any copy: the node's own storage, with room
+        with os.scandir(args.source) as entries:
+            check_target(target, sum(e.stat().st_size for e in entries if e.is_file() and not e.name.startswith(".")))
     r = stage(args.source, target)
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = node_name()
     if r["copied"]:
         print(f"staged on {node}: {r['files']} files, {r['bytes'] / 1e6:.2f} MB in {r['seconds']:.2f} s "
               f"to {target}", flush=True)
