@@ -9,8 +9,9 @@
 #                   submits: eval "$(python -m source_code.launch.site_profiles --site S
 #                   --account P --format exports)". Without it: `local` on the workshop's own
 #                   test cluster, an error anywhere else (WORKSHOP_DEVICE=cpu: the CPU, said)
-#   WORKSHOP_VENV   a virtual environment to activate (else: the python already on PATH,
-#                   e.g. an activated venv/conda env, or the one the site's modules provide)
+#   WORKSHOP_VENV   a virtual environment to activate after the site's module lines (else the
+#                   venv active at submission, VIRTUAL_ENV, else the python on PATH then: a
+#                   conda env, or the one the site's modules provide)
 #   WORKSHOP_CONTAINER, WORKSHOP_CONTAINER_EXEC   run the launch inside a container (launch.sh)
 #   TRAIN_MODULE    the Python module to run (default: source_code.training.ddp, the main job;
 #                   any entry point that runs under torchrun or srun, e.g. a sharding script)
@@ -76,6 +77,9 @@ fi
 source "$ROOT/slurm/launch.sh"
 drop_inherited_memory              # a job submitted from a lab's terminal (inside another job)
 site_environment
+# a venv active in the shell that submitted (sbatch passes VIRTUAL_ENV on) goes in front again:
+# the site's module lines put their own python3 before its bin (JURECA's Stage Python, no torch)
+[ -z "${WORKSHOP_VENV:-}" ] && [ -f "${VIRTUAL_ENV:-}/bin/activate" ] && WORKSHOP_VENV=$VIRTUAL_ENV
 if [ -n "${WORKSHOP_VENV:-}" ]; then
     # shellcheck disable=SC1091
     source "$WORKSHOP_VENV/bin/activate" || { echo "error: WORKSHOP_VENV=$WORKSHOP_VENV is not a venv" >&2; exit 2; }

@@ -15,9 +15,10 @@ SITE_PARTITION_FULL_NODES=gpularge   # 4 GPUs a node, 1-10 nodes, 36 h; only for
 SITE_PARTITION_TEST=gputest          # short runs: at most 15 min, 2 nodes (8 GPUs)
 SITE_TEST_MAX_GPUS=8
 SITE_TEST_MAX_MINUTES=15
-# partition=max nodes/max time, as CSC's batch-job-partitions page lists them; gpumedium's limit
-# is 4 GPUs a job, which this node count states for whole nodes of 4 (what the site step asks)
-SITE_LIMITS="gpumedium=1/36:00:00 gpularge=10/36:00:00 gputest=2/15"
+# partition=max nodes/max time[/max GPUs a job], as CSC's batch-job-partitions page lists them:
+# gpumedium takes 1-4 nodes and 4 GPUs a job in all (4 nodes x 1, 2 x 2 or 1 x 4), and the site
+# step's check counts both (on Roihu: scontrol show partition gpumedium, sinfo -s)
+SITE_LIMITS="gpumedium=4/36:00:00/4 gpularge=10/36:00:00 gputest=2/15"
 SITE_GPUS_PER_NODE=4
 SITE_GPU_REQUEST="--gres=gpu:gh200:{n}"   # {n} = GPUs per node
 SITE_CPUS_PER_NODE=288

@@ -66,6 +66,7 @@ class Site:
     environment: str  # the body of site_environment(): module lines, interconnect variables
     limits: tuple = ()  # (partition, max nodes, max time) from SITE_LIMITS
     retired: str = ""  # SITE_RETIRED: why no course goes there any more (a worked example only)
+    gpu_limits: tuple = ()  # (partition, max GPUs a job): SITE_LIMITS' third field, where it has one
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -95,6 +96,9 @@ def load(key: str) -> Site:
     body = text.split("site_environment() {", 1)[1].rsplit("}", 1)[0]
     env = "\n".join(ln[4:] if ln.startswith("    ") else ln for ln in body.strip("\n").splitlines())
     partition = values["SITE_PARTITION"]
+    # SITE_LIMITS: partition=max nodes/max time[/max GPUs a job]
+    limits = [(part, rest.split("/")) for part, _, rest in
+              (item.partition("=") for item in values.get("SITE_LIMITS", "").split())]
     return Site(key, values["SITE_NAME"], partition,
                 int(values.get("SITE_PARTITION_MAX_GPUS", values["SITE_GPUS_PER_NODE"])),
                 values.get("SITE_PARTITION_FULL_NODES", partition),
@@ -104,10 +108,9 @@ def load(key: str) -> Site:
                 int(values["SITE_GPUS_PER_NODE"]), values["SITE_GPU_REQUEST"],
                 int(values["SITE_CPUS_PER_NODE"]), int(values["SITE_MEM_PER_NODE_GB"]),
                 int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env,
-                tuple((part, int(n), t) for part, _, rest in
-                      (item.partition("=") for item in values.get("SITE_LIMITS", "").split())
-                      for n, t in [rest.split("/", 1)]),
-                values.get("SITE_RETIRED", ""))
+                tuple((part, int(fields[0]), fields[1]) for part, fields in limits),
+                values.get("SITE_RETIRED", ""),
+                tuple((part, int(fields[2])) for part, fields in limits if len(fields) > 2))
 
 
 def current_sites() -> list[str]:
@@ -115,14 +118,19 @@ def current_sites() -> list[str]:
     return [key for key in sites() if not key.startswith("local") and not load(key).retired]
 
 
-def check_limits(site: Site, part: str, nodes: int, time: str) -> None:
-    """Refuse, in one line, a job larger or longer than ``part`` allows (SITE_LIMITS)."""
+def check_limits(site: Site, part: str, nodes: int, time: str, gpus: int | None = None) -> None:
+    """Refuse, in one line, a job larger or longer than ``part`` allows (SITE_LIMITS): its
+    nodes, its time and, where the partition caps them (Roihu's gpumedium), its GPUs in all."""
     for name, max_nodes, max_time in site.limits:
         if name == part and (nodes > max_nodes or minutes(time) > minutes(max_time)):
             raise ProfileError(f"error: {site.name}'s partition {part} takes at most {max_nodes} "
                                f"node(s) for {human(minutes(max_time))}; this asks for {nodes} "
                                f"node(s) for {human(minutes(time))}: ask for fewer GPUs or less "
                                "time, or another partition")
+    most = dict(site.gpu_limits).get(part)
+    if gpus is not None and most is not None and gpus > most:
+        raise ProfileError(f"error: {site.name}'s partition {part} takes at most {most} GPU(s) a job; "
+                           f"this asks for {gpus}: ask for fewer GPUs, or another partition")
 
 
 def human(total_minutes: float) -> str:
@@ -192,7 +200,7 @@ def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = 
     nodes, per_node = layout(site, gpus)
     minutes(time)
     part, why = partition(site, gpus, test, time)
-    check_limits(site, part, nodes, time)
+    check_limits(site, part, nodes, time, gpus)
     opts = [(f"--partition={part}", why)]
     if account:
         opts.append((f"--account={account}", "billing project"))

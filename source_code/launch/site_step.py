@@ -29,8 +29,9 @@ from one site's profile to another's.
 
 The step also defines a shell function `sbatch` in that shell: before each submission it reads
 the job's node count and time (the sbatch options, else the job script's #SBATCH lines) and its
-partition and time (the options, else SBATCH_PARTITION and SBATCH_TIMELIMIT) and refuses, in one
-line with exit status 2, a job its partition cannot take (the profile's SITE_LIMITS). Slurm's
+partition, time and GPUs a node (the options, else the step's SBATCH_ variables) and refuses,
+in one line with exit status 2, a job its partition cannot take (the profile's SITE_LIMITS: nodes,
+time, and the GPUs of the whole job where a partition caps them, as Roihu's gpumedium). Slurm's
 default EnforcePartLimits=NO would accept it, and it would pend for ever. A job script that runs
 one task a node (torchrun's: #SBATCH --ntasks-per-node=1) gets --cpus-per-task=N added, the
 profile's cores per GPU times the GPUs a node the job asks for, unless the line gives its own
@@ -52,8 +53,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from source_code.launch.sbatch_line import (cores_option, in_site_container, job_script, read_options,
-                                            script_options)
+from source_code.launch.sbatch_line import (cores_option, gpus_a_node, in_site_container, job_script,
+                                            read_options, script_options)
 from source_code.launch.site_profiles import ProfileError, Site, check_limits, human, load, minutes
 
 VARIABLES = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_GPUS_PER_NODE", "SBATCH_GRES",
@@ -156,15 +157,20 @@ def guard_function() -> str:
     """The shell function: this module reads the job first; its exit status 2 stops the
     submission, 0 passes the options it printed (the cores) before the line's own, 3 submits the
     whole line it printed instead (shell words: a --wrap command run in the site's image), anything else
-    lets sbatch decide; a Python that cannot start (exit status 126 or 127: a module unloaded, a
-    container's path) says so in one line first, never silently."""
+    lets sbatch decide. The Python is tried when the function runs: the step's own, else (where
+    that one cannot start, exit status 126 or 127: a module unloaded since, a container's path
+    that exists only inside its image) the python3 on PATH then; where neither starts, it says
+    so in one line first, never silently."""
     root = shlex.quote(str(Path(__file__).resolve().parents[2]))
     python = shlex.quote(sys.executable)
-    return (f"sbatch() {{ local add s; add=$(PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} {python} "
-            '-m source_code.launch.site_step "$@"); s=$?; [ $s = 2 ] && return 2; '
+    return (f"sbatch() {{ local add s=127 py; for py in {python} python3; do command -v \"$py\" >/dev/null || continue; "
+            f'add=$(PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} "$py" '
+            '-m source_code.launch.site_step "$@"); s=$?; [ $s -lt 126 ] && break; done; '
+            '[ $s = 2 ] && return 2; '
             '[ $s = 3 ] && { eval "command sbatch $add"; return; }; [ $s = 0 ] || add=; '
-            f'[ $s -ge 126 ] && echo "note: the site step\'s partition check could not start '
-            f'({python}, exit $s): the job goes to sbatch unchecked; run the site step again in this shell" >&2; '
+            f'[ $s -ge 126 ] && echo "note: the site step\'s partition check could not start ({python}, '
+            'then python3: exit $s): the job goes to sbatch unchecked; load a Python 3.10 or newer and run '
+            'the site step again in this shell" >&2; '
             'command sbatch $add "$@"; }')
 
 
@@ -187,8 +193,17 @@ def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
     except ProfileError:
         asked = None                                # not a Slurm time: sbatch says so itself
     count, (most, longest) = int(nodes.group()), limit
-    if count <= most and (asked is None or asked <= minutes(longest)):
+    per, cap = gpus_a_node(given, env, in_script), dict(site.gpu_limits).get(part)
+    fits = count <= most and (asked is None or asked <= minutes(longest))
+    if fits and (cap is None or count * per <= cap):
         return None
+    if fits:                                        # Roihu's gpumedium: GPUs a job in all
+        fewer = f"the site step with --gpus-per-node {cap // count} ({count} x {cap // count}), " \
+            if cap // count else ""
+        return (f"error: {site.name}'s partition {part} takes at most {cap} GPU(s) a job, on 1 to {most} "
+                f"node(s); this job asks for {count} node(s) x {per} GPU(s) = {count * per}: not submitted; "
+                f"{fewer}a course reservation in a partition that takes it, or the site step with --test "
+                f"({site.partition_test})")
     whole = site.partition_full_nodes
     if part == site.partition_test != site.partition:
         fix = f"sbatch --partition={site.partition}, or the site step without --test"
