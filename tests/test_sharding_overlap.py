@@ -1,5 +1,6 @@
 """Reading overlap from a trace (fake events, no processes), the paired step-time comparison,
-the bf16 policy on the root only, and what bf16 logits cost against a bf16 sum kept by hand.
+the bf16 policy on the root only (an fp32 head apart), what bf16 arithmetic and a logit's rounding
+cost each token's loss, and torch's bf16 mean against a bf16 sum kept by hand.
 
     python -m pytest tests/test_sharding_overlap.py
 """
@@ -46,6 +47,10 @@ def test_bf16_policy_casts_only_the_root_output(monkeypatch):
     fsdp.shard_model(model, mesh=None, mp_policy=policy)
     assert [p.output_dtype for _, p in seen] == [None, None, torch.float32]
     assert seen[-1][0] is model and all(p.param_dtype == torch.bfloat16 for _, p in seen)
+    seen.clear()                               # the head in an fp32 group of its own, before the root
+    head = fsdp.MixedPrecisionPolicy(param_dtype=torch.float32)
+    fsdp.shard_model(model, mesh=None, mp_policy=policy, head_policy=head)
+    assert [m for m, _ in seen][-2:] == [model.head, model] and seen[-2][1] is head
 
 
 def test_paired_gap_resolves_a_steady_difference_not_noise():
@@ -58,17 +63,29 @@ def test_paired_gap_resolves_a_steady_difference_not_noise():
     assert not paired_gap([500.0], [900.0])["resolved"]                    # one round: no error bar
 
 
-def test_bf16_logits_keep_8_bits_and_torchs_mean_keeps_the_tokens_a_bf16_sum_loses():
-    from source_code.sharding.fsdp_demo import logit_dtypes
+def test_bf16_loss_arithmetic_rounds_each_token_and_torchs_mean_keeps_the_tokens_a_bf16_sum_loses():
+    from source_code.sharding.bf16_logits import loss_arithmetic
     g = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(4096, 64, generator=g)
     targets = torch.randint(0, 64, (4096,), generator=g)
     targets[::97] = -100                                                    # ignored tokens
-    r = logit_dtypes(logits, targets)
+    r = loss_arithmetic(logits, targets)
     assert r["tokens"] == int((targets != -100).sum())
-    assert 6 < r["loss_bits"] < 12 and 6 < r["grad_bits"] < 12, r         # at bf16's level, not fp32's
+    assert 6 < r["ce_bits"] < 12, r           # bf16 arithmetic rounds each loss to bf16's level
     exact, spacing = r["bf16_terms_exact_mean"], r["spacing"]
     assert abs(r["bf16_mean"] - exact) <= 4 * spacing, r                  # torch's reduction keeps them
     assert abs(r["by_hand_bf16_mean"] - exact) > 10 * spacing and r["lost"] > r["tokens"] // 2, r
-    same = logit_dtypes(logits.bfloat16().float(), targets)                 # logits bf16 already:
-    assert same["loss_bits"] > r["loss_bits"]                               # only the outputs round
+
+
+def test_a_logits_rounding_moves_a_tokens_loss_by_the_logits_size_not_the_loss():
+    from source_code.sharding.bf16_logits import rounding_at_scale
+    g = torch.Generator().manual_seed(1)
+    logits = 0.15 * torch.randn(2048, 32, generator=g)                     # an untrained model's size
+    targets = torch.randint(0, 32, (2048,), generator=g)
+    small, big = rounding_at_scale(logits, targets), rounding_at_scale(logits, targets, 10.0)
+    assert abs(big["top_mean"] - 10) < 1e-9 and small["top_mean"] < 1
+    for r in (small, big):                    # at most about twice the largest logit's rounding
+        assert 0.5 < r["err_in_logit_ulps_max"] <= 2.2, r
+    # relative to the loss: far below bf16's 2^-9 at the small size, above it at a trained one's
+    assert small["rel_err_median"] < 2 ** -9 < big["rel_err_median"], (small, big)
+    assert rounding_at_scale(logits.bfloat16().float(), targets)["err_in_logit_ulps_max"] == 0

@@ -37,8 +37,10 @@ except ImportError:  # pragma: no cover - torch < 2.6
 
 
 def shard_model(model: TransformerLM, mesh, reshard_after_forward: bool = True,
-                mp_policy: MixedPrecisionPolicy | None = None) -> TransformerLM:
-    """fully_shard each block, then the root (embeddings, final norm, head)."""
+                mp_policy: MixedPrecisionPolicy | None = None,
+                head_policy: MixedPrecisionPolicy | None = None) -> TransformerLM:
+    """fully_shard each block, then the root (embeddings, final norm, head). ``head_policy``:
+    the head in a group of its own with that policy (fp32 logits need an fp32 head)."""
     where = mesh.device_type if mesh is not None else next(model.parameters()).device.type
     torch_versions.require("fsdp2", where)  # an older torch on the CPU: one line, not a crash
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
@@ -48,6 +50,8 @@ def shard_model(model: TransformerLM, mesh, reshard_after_forward: bool = True,
         inner = {"mp_policy": replace(mp_policy, output_dtype=None)}  # blocks stay in bf16
     for block in model.layers:
         fully_shard(block, **{**kwargs, **inner})  # one all-gather / reduce-scatter group per block
+    if head_policy is not None:
+        fully_shard(model.head, **{**kwargs, "mp_policy": head_policy})
     fully_shard(model, **kwargs)              # the rest of the parameters
     return model
 
@@ -75,6 +79,6 @@ def build_sharded(cfg: dict, mesh, seed: int, device, meta: bool = True,
 def unsharded_parameter_bytes(model: nn.Module) -> int:
     """Bytes of parameters that are currently full tensors (FSDP swaps in plain tensors while a
     group is unsharded, and DTensor shards when it is resharded)."""
-    from source_code.measure import DTensor
+    from source_code.measure import is_dtensor
     return sum(p.numel() * p.element_size() for p in model.parameters()
-               if not isinstance(p, DTensor))
+               if not is_dtensor(p))

@@ -14,26 +14,29 @@ Printed lines (``key: k=v ...``), parsed by notebook 09:
 * ``bf16``: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
   output_dtype=float32): bytes all-gathered, the loss (computed in fp32) vs fp32, the dtype of
   the kept shards (fp32: FSDP2's master copy);
-* ``bf16_logits``: what the policy's fp32 logits save: the fp32 model's logits on 256 sequences,
-  and the same logits cast to bf16, through F.cross_entropy per token, as torch's own mean, and
-  backward (softmax's gradient): the correct bits of each against fp32; the mean of the bf16
-  per-token losses torch's reduction returns against their exact mean, and what a hand-written
-  bf16 accumulator adding them one after another returns (the terms it lost);
+* ``bf16_logits``: one step on 128 sequences with the fp32 model, the policy, and the policy with
+  the head in an fp32 group of its own; rank 0's logits, per-token losses and the gradient its
+  head received against the fp32 model's (bf16_logits.py): the policy's logits are bf16 numbers
+  in an fp32 tensor, and the head receives their fp32 gradient rounded to bf16;
+* ``bf16_loss_arithmetic``: the policy's logits through F.cross_entropy in bf16 against fp32 (what
+  output_dtype changes), torch's bf16 mean against the exact mean of the same bf16 per-token
+  losses, and a bf16 accumulator kept by hand adding them one after another (the terms it lost);
+* ``bf16_rounding``: the fp32 model's logits rounded to bf16, as they are and scaled to a trained
+  model's size (``--trained-logit``): each token's loss error in units of its largest logit x 2^-9;
 * ``hsdp``: on 4 ranks, mesh (replicate=2, shard=2): placements, local fraction, replicas equal.
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from source_code.distributed import print0, run_main, session
 from source_code import workload
+from source_code.sharding import bf16_logits
 from source_code.sharding.fsdp import MixedPrecisionPolicy, build_sharded, unsharded_parameter_bytes
 from source_code.measure import CommCounter, PeakRSS, local
 
@@ -70,62 +73,33 @@ def meta_init(ctx, cfg, meta: bool) -> int:
     return peak.peak_bytes
 
 
-def bf16(ctx, cfg) -> dict:
+def bf16(ctx, cfg, trained_logit: float) -> dict:
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    x, y = _batch(ctx)
-    out = {}
-    # output_dtype=float32: the root's output (the logits) comes back in fp32, so each token's
-    # log-softmax and softmax's gradient keep fp32's 24 bits (logit_dtypes shows what bf16 costs)
-    for name, policy in (("fp32", None), ("bf16", MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32))):
-        model = build_sharded(cfg, mesh, 0, ctx.device, mp_policy=policy)
+    xs, ys = (t.to(ctx.device) for t in workload.rank_slice(   # 128 sequences, 1/N each
+        workload.global_batch(workload.sort_task(128), 0, 128), ctx.rank, ctx.world_size))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                  output_dtype=torch.float32)
+    fp32_head = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    out, runs = {}, {}
+    # output_dtype=float32 casts the root's output up after the head's bf16 matmul: the loss is
+    # taken in fp32 from bf16-valued logits, and the cast's backward rounds the gradient into the
+    # head to bf16; "fp32_head" puts the head in an fp32 group of its own
+    for name, mp, head in (("fp32", None, None), ("bf16", policy, None), ("fp32_head", policy, fp32_head)):
+        model = build_sharded(cfg, mesh, 0, ctx.device, mp_policy=mp, head_policy=head)
         c = CommCounter(ctx.world_size)
-        with c:
-            logits = model(x)                               # (B, T, vocab), fp32 either way
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
-            loss.backward()
-        out[name] = (c.payload["all_gather"], c.payload["reduce_scatter"], loss.item())
-        if policy is not None:
-            out["loss_dtype"] = str(loss.dtype).replace("torch.", "")
+        with c:                                   # one step: forward, loss, backward
+            runs[name] = bf16_logits.head_signals(model, xs, ys)
+        out[name] = (c.payload["all_gather"], c.payload["reduce_scatter"], runs[name][3])
+        if name == "bf16":
+            out["loss_dtype"] = str(runs[name][3].dtype).replace("torch.", "")
             out["shard_dtype"] = str(local(next(model.parameters())).dtype).replace("torch.", "")
-        else:   # the fp32 model's logits on 256 sequences: what casting them to bf16 costs
-            xs, ys = workload.global_batch(workload.sort_task(256), 0, 256)
-            with torch.no_grad():
-                logits = model(xs.to(ctx.device))                   # (256, T, vocab) fp32
-            out["logits"] = logit_dtypes(logits.flatten(0, 1), ys.flatten().to(ctx.device)) \
-                if ctx.rank == 0 else {}                             # printed by rank 0
+    if ctx.rank == 0:                             # printed by rank 0: its tokens
+        targets = ys.flatten()
+        out["logits"] = bf16_logits.policy_report(runs, targets)
+        out["loss_arithmetic"] = bf16_logits.loss_arithmetic(runs["bf16"][0], targets)
+        out["rounding"] = {f"{k}_at_{name}": v for name, size in (("model", None), ("trained", trained_logit))
+                           for k, v in bf16_logits.rounding_at_scale(runs["fp32"][0], targets, size).items()}
     return out
-
-
-def correct_bits(got: torch.Tensor, want: torch.Tensor) -> float:
-    """-log2 of the relative error ||got - want|| / ||want||: bf16 keeps 8 significant bits, fp32 24."""
-    return -math.log2(((got.double() - want.double()).norm() / want.double().norm()).item())
-
-
-def logit_dtypes(logits: torch.Tensor, targets: torch.Tensor) -> dict:
-    """The same logits (tokens, vocab) in fp32 and cast to bf16 through F.cross_entropy: per
-    token, torch's own mean and its gradient (softmax minus one-hot, over the tokens); the
-    bf16 per-token losses added one after another into a bf16 accumulator kept by hand.
-    ``spacing``: the gap between bf16 numbers at the exact mean of the bf16 per-token losses."""
-    keep = targets != -100
-    y = targets[keep]
-    z32 = logits[keep].detach().float().requires_grad_()
-    z16 = z32.detach().to(torch.bfloat16).requires_grad_()
-    loss32, loss16 = (F.cross_entropy(z, y, reduction="none").detach() for z in (z32, z16))
-    mean32, mean16 = F.cross_entropy(z32, y), F.cross_entropy(z16, y)   # torch's own reduction
-    (mean32 + mean16.float()).backward()                    # each gradient into its own logits
-    terms = loss16.cpu()                                     # bf16 per-token losses
-    exact = terms.double().mean().item()
-    acc, lost = torch.zeros((), dtype=torch.bfloat16), 0
-    for t in terms:                                         # a running sum kept in bf16
-        nxt = acc + t
-        lost += bool(nxt == acc)
-        acc = nxt
-    return {"tokens": terms.numel(), "loss_bits": correct_bits(loss16, loss32),
-            "grad_bits": correct_bits(z16.grad, z32.grad), "fp32_mean": mean32.item(),
-            "bf16_mean": mean16.item(), "bf16_terms_exact_mean": exact,
-            "by_hand_bf16_mean": acc.item() / terms.numel(), "lost": lost,
-            "spacing": 2.0 ** (math.floor(math.log2(abs(exact))) - 7)}   # 8 significant bits
 
 
 def hsdp(ctx, cfg) -> dict:
@@ -159,20 +133,21 @@ def run(ctx, args) -> None:
         r = gathers(ctx, cfg, reshard)
         print0("gathers: " + " ".join(f"{k}={v}" for k, v in r.items()))
     big = workload.model_config(dim=args.big_dim, n_layers=args.big_layers)
-    n_big = sum(p.numel() for p in workload.build_model(big, 0).parameters())
-    peaks = {m: meta_init(ctx, big, m) for m in (True, False)}  # meta first: nothing freed to reuse
     sizes = [p.numel() for p in workload.build_model(big, 0).parameters()]
+    n_big = sum(sizes)
+    peaks = {m: meta_init(ctx, big, m) for m in (True, False)}  # meta first: nothing freed to reuse
     shard = 4 * sum(-(-n // ctx.world_size) for n in sizes)  # what stays: this rank's shards
     print0(f"meta_init: params={n_big} full_mib={4 * n_big / 2**20:.1f} "
            f"normal_peak_mib={peaks[False] / 2**20:.1f} meta_peak_mib={peaks[True] / 2**20:.1f} "
            f"shard_mib={shard / 2**20:.2f} largest_tensor_mib={4 * max(sizes) / 2**20:.2f}")
-    b = bf16(ctx, cfg)
+    b = bf16(ctx, cfg, args.trained_logit)
     print0(f"bf16: fp32_all_gather={b['fp32'][0]} bf16_all_gather={b['bf16'][0]} "
            f"fp32_reduce_scatter={b['fp32'][1]} bf16_reduce_scatter={b['bf16'][1]} "
-           f"fp32_loss={b['fp32'][2]:.6f} bf16_loss={b['bf16'][2]:.6f} loss_dtype={b['loss_dtype']} "
+           f"fp32_loss={b['fp32'][2].item():.6f} bf16_loss={b['bf16'][2].item():.6f} loss_dtype={b['loss_dtype']} "
            f"shard_dtype={b['shard_dtype']}")
-    print0("bf16_logits: " + " ".join(f"{k}={v:.8g}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in b["logits"].items()))
+    for key in ("logits", "loss_arithmetic", "rounding"):
+        print0(f"bf16_{key}: " + " ".join(f"{k}={v:.8g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in b.get(key, {}).items()))
     if ctx.world_size == 4:
         h = hsdp(ctx, cfg)
         calls = ",".join(f"{k}:{v}" for k, v in sorted(h.pop("calls").items()))
@@ -186,9 +161,13 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--big-dim", type=int, default=256, help="model size for the meta-init comparison")
     p.add_argument("--big-layers", type=int, default=8)
+    p.add_argument("--trained-logit", type=float, default=10.0,
+                   help="a trained model's largest logit per token, for bf16's rounding at that size")
     args = p.parse_args(argv)
     if args.dim % 4 or args.big_dim % 4:
         p.error("--dim and --big-dim must be multiples of 4 (the attention heads)")
+    if not args.trained_logit > 0:
+        p.error(f"--trained-logit must be a positive size, not {args.trained_logit}")
     torch.set_num_threads(1)
     with session(launch_hint=LAUNCH) as ctx:
         run(ctx, args)

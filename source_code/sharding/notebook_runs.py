@@ -38,7 +38,7 @@ from source_code.sharding import (checkpointing, dcp_demo, fsdp_demo, memory_rep
 # the entry points' defaults (their argparse defaults)
 PARITY = dict(steps=5, batch_size=16, lr=3e-3, dim=64, layers=2, seed=0, tol=1e-6,
               impls=list(parity.IMPLS))
-FSDP_DEMO = dict(dim=64, layers=2, big_dim=256, big_layers=8)
+FSDP_DEMO = dict(dim=64, layers=2, big_dim=256, big_layers=8, trained_logit=10.0)
 OVERLAP = dict(dim=128, layers=4, steps=3)
 
 
