@@ -154,7 +154,8 @@ if (( ALLOC_GPUS > 0 && procs < ALLOC_GPUS )); then
     echo "note: $procs process(es) per node for $ALLOC_GPUS GPU(s) per node: $(( ALLOC_GPUS - procs )) GPU(s) idle; one process per GPU (leave NPROC_PER_NODE and --ntasks-per-node to the job script), or ask for fewer GPUs"
 fi
 # fewer cores per GPU than the profile's share: the site step's sbatch function adds the share
-# (--cpus-per-task) to a script of one task a node; what it does not reach (command sbatch, a
+# (--cpus-per-task) to a script of one task a node, and a task per GPU with its share to the
+# srun script (--ntasks-per-node, --cpus-per-task); what it does not reach (command sbatch, a
 # line's own --cpus-per-task, the lines of --format args with fewer GPUs) gets this note. No
 # variable can do it: Slurm 22.05 refuses SBATCH_CPUS_PER_GPU beside a script's --cpus-per-task
 # ("mutually exclusive"), 23.02.5 and newer drop it

@@ -471,7 +471,11 @@ def test_a_bare_line_its_partition_cannot_take_is_refused_before_submission(step
     ("--site lumi --account p", ["sbatch", "--gpus-per-node=2", "slurm/ddp_single_node.slurm"], "--cpus-per-task=14"),
     # the line's own cores, a task per GPU, no job script: nothing added
     ("--site lumi --account p", ["sbatch", "-c", "8", "slurm/ddp_single_node.slurm"], None),
-    ("--site lumi --account p", ["sbatch", "slurm/ddp_single_node_srun.slurm"], None),
+    # a task per GPU (the srun script): a task a GPU, each the profile's share
+    ("--site lumi --account p --gpus-per-node 2", ["sbatch", "slurm/ddp_single_node_srun.slurm"],
+     "--ntasks-per-node=2 --cpus-per-task=7"),
+    ("--site jureca --account p", ["sbatch", "slurm/ddp_single_node_srun.slurm"], "--ntasks-per-node=4 --cpus-per-task=32"),
+    ("--site lumi --account p", ["sbatch", "--ntasks-per-node=8", "slurm/ddp_single_node_srun.slurm"], None),
     ("--site jureca --account p", ["sbatch", "--wrap", "hostname"], None),   # LUMI's: tests/test_site_wrap.py
 ])
 def test_the_sbatch_function_gives_a_task_per_node_script_its_gpus_cores(step_options, line, added):
@@ -484,7 +488,7 @@ def test_the_sbatch_function_gives_a_task_per_node_script_its_gpus_cores(step_op
         assert f"({' '.join(line[1:])})" in submitted, said       # the line as typed
     else:   # before the line's own words, said in one note line
         assert f"({added} {' '.join(line[1:])})" in submitted and script in submitted, said
-        assert f"note: the site step adds {added} to the script's one task a node" in said, said
+        assert f"note: the site step adds {added} to the script's " in said, said
 
 
 def test_every_partition_a_profile_names_has_its_limits():

@@ -80,8 +80,10 @@ def gpus_a_node(given: dict, env: dict, in_script: dict) -> int:
 
 def cores_option(argv: list[str], env: dict, cwd: Path) -> tuple[list[str], str]:
     """(['--cpus-per-task=N'], its note) for a job script that runs one task a node, N the
-    profile's cores per GPU times the job's GPUs a node; ([], '') where the line sets its own
-    cores, the script runs several tasks a node, or the site has no GPUs."""
+    profile's cores per GPU times the job's GPUs a node; (['--ntasks-per-node=G',
+    '--cpus-per-task=C'], its note) for one that starts a task per GPU (TASK_PER_GPU=yes: the srun
+    script), G the job's GPUs a node, C the profile's cores per GPU; ([], '') where the line sets
+    its own cores or tasks, the script runs several tasks a node, or the site has no GPUs."""
     try:
         site = load(env.get("WORKSHOP_SITE", ""))
     except ProfileError:
@@ -90,8 +92,15 @@ def cores_option(argv: list[str], env: dict, cwd: Path) -> tuple[list[str], str]
     given, in_script = read_options(options), script_options(script) if script else {}
     gpus = gpus_a_node(given, env, in_script)
     per_gpu = env.get("SBATCH_CPUS_PER_GPU") or any(w.startswith("--cpus-per-gpu") for w in options)
-    if not (script and site.gpu_request and gpus) or "cpus" in given or per_gpu \
-            or (given.get("per_node") or in_script.get("per_node")) != "1":
+    if not (script and site.gpu_request and gpus) or "cpus" in given or per_gpu:
+        return [], ""
+    if "per_node" not in given and "TASK_PER_GPU=yes" in script.read_text(errors="replace"):
+        # a task per GPU (the srun script): as many tasks a node as GPUs, each its share of cores
+        add = [f"--ntasks-per-node={gpus}", f"--cpus-per-task={site.cpus_per_gpu}"]
+        return add, (f"note: the site step adds {' '.join(add)} to the script's task per GPU: {gpus} GPU(s) "
+                     f"a node, {site.cpus_per_gpu} core(s) each ({site.key}'s share); sbatch --cpus-per-task=N "
+                     "... sets your own")
+    if (given.get("per_node") or in_script.get("per_node")) != "1":
         return [], ""
     cores = site.cpus_per_gpu * gpus
     return [f"--cpus-per-task={cores}"], (

@@ -35,7 +35,8 @@ time, and the GPUs of the whole job where a partition caps them, as Roihu's gpum
 default EnforcePartLimits=NO would accept it, and it would pend for ever. A job script that runs
 one task a node (torchrun's: #SBATCH --ntasks-per-node=1) gets --cpus-per-task=N added, the
 profile's cores per GPU times the GPUs a node the job asks for, unless the line gives its own
-(said in one note line; the job's first line shows its cores per task). A `--wrap "..."` line on
+(said in one note line; the job's first line shows its cores per task); the srun script (a task
+per GPU) gets --ntasks-per-node=<GPUs a node> --cpus-per-task=<the share>. A `--wrap "..."` line on
 a site whose jobs run inside a container image (LUMI) has its command run inside the image, as
 the job scripts run theirs (sbatch_line.py; one note line). Everything else goes to the real
 sbatch unchanged (`command sbatch ...` skips the function):
