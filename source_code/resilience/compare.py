@@ -158,6 +158,8 @@ def summary_line(res: dict) -> str:
             f"step_ms_when_nothing_fails ft={1e3 * ft['step_seconds']:.0f} restart={1e3 * rs['step_seconds']:.0f} "
             f"kill_to_step_{res['window_step']}: goodput_samples_per_s ft={fw['goodput']:.0f} restart={rw['goodput']:.0f} "
             f"failure_s ft={fw['failure_s']:.2f} restart={rw['failure_s']:.2f} "
+            f"ft_heal_step_excess_s={fw['longer_steps_excess_s']:.2f} "
+            f"restart_snapshot_ms_in_window={1e3 * sum(rw['snapshots_s'].values()):.0f} "
             f"step_ms ft={1e3 * fw['pace_s']:.0f} restart={1e3 * rw['pace_s']:.0f} "
             f"goodput_at_restart_pace ft={fw['goodput_at_pace']['restart']:.0f} restart={rw['goodput_at_pace']['restart']:.0f} "
             f"loss_at_step_{res['steps']} ft={ft['final_loss']:.4f} restart={rs['final_loss']:.4f} "
