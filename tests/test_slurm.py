@@ -179,7 +179,7 @@ def test_fault_tolerant_job_requeues_itself_before_the_time_limit_and_resumes(cl
         assert _until_logged(job_id, log, "holding after epoch 2: this run waits until the job stops it"), \
             log.read_text() if log.is_file() else "no log"
         ran = _seconds(slurm_cluster.job_info(job_id)["RunTime"])
-        _set_time_limit(job_id, -(-(ran + lead + 20) // 60))   # whole minutes: 50-110 s from now
+        _set_time_limit(job_id, -(-(ran + lead + 5) // 60))   # whole minutes: 35-95 s from now
         assert _until_logged(job_id, log, f"requeueing job {job_id}; run 2 resumes from {ckpt}"), log.read_text()
         _set_time_limit(job_id, 10)
         info = slurm_cluster.wait(job_id, timeout=900)
