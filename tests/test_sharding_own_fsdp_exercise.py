@@ -132,13 +132,23 @@ def all_to_all_then_sum(flat_grad):               # right, written another way: 
     return pieces.view(world, c).sum(0) / world
 
 
+def averaged_by_the_backend(flat_grad):          # right on NCCL (FSDP2's way there); gloo only sums
+    flat_grad = flat_grad.float()
+    world = dist.get_world_size()
+    c = -(-flat_grad.numel() // world)
+    padded = torch.cat([flat_grad, flat_grad.new_zeros(c * world - flat_grad.numel())])
+    mine = flat_grad.new_empty(c)
+    dist.reduce_scatter_tensor(mine, padded, op=dist.ReduceOp.AVG)
+    return mine
+
+
 RIGHT_REDUCE = [all_to_all_then_sum]
 
 WRONG_REDUCE = [(added_in_bf16, "is torch.bfloat16"), (cast_after_the_wire, "added in bf16"),
                 (divided_before_the_cast, "divided by N in bf16"),
                 (all_gather_then_sum, "sent with all_gather"), (all_reduce_then_slice, "sent with all_reduce"), (no_padding, "not a multiple of 3"),
                 (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
-                (garbage_padding, "must be zeros"),
+                (garbage_padding, "must be zeros"), (averaged_by_the_backend, "gloo has no ReduceOp.AVG"),
                 (reduce_scatter_and_all_reduce, "all_reduce, reduce_scatter_tensor: this rank received"),
                 (reduce_scatter_and_all_gather, "all_gather, reduce_scatter_tensor: this rank received")]
 

@@ -144,6 +144,14 @@ def diagnose(got, n: int, world: int, rank: int, calls, received: float) -> str 
             f"{(got - want).abs().max().item():.3g}")
 
 
+def _no_average_on_gloo(name, args, kwargs) -> None:
+    """ReduceOp.AVG is how FSDP2 reduces on NCCL; gloo has only the sum: say so in one line."""
+    if any(getattr(a, "name", None) == "AVG" for a in (*args, *kwargs.values())) \
+            and dist.get_backend() == "gloo":
+        raise ValueError(f"{name}: gloo has no ReduceOp.AVG (NCCL has, and FSDP2 uses it there); "
+                         f"gloo reduces with its sum, the mean is yours to take")
+
+
 class _CheckedDist:
     """torch.distributed for the learner's code, with the sizes of the tensor collectives checked
     first: gloo given mismatched sizes can abort the process instead of raising; ``called``:
@@ -159,11 +167,13 @@ class _CheckedDist:
 
         def call(*args, **kwargs):
             self.called.add(name)
+            _no_average_on_gloo(name, args, kwargs)
             return found(*args, **kwargs)
         return call
 
     def reduce_scatter_tensor(self, output, input, *args, **kwargs):
         self.called.add("reduce_scatter_tensor")
+        _no_average_on_gloo("reduce_scatter_tensor", args, kwargs)
         n = dist.get_world_size()
         if input.numel() != n * output.numel():
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements, "
