@@ -52,7 +52,11 @@ def test_a_job_killed_mid_epoch_and_requeued_on_one_node_trains_every_sample_onc
     # The counts below come from the step logs both runs wrote (one file per rank and launch,
     # every id of every step), not from the job's summary. WORKSHOP_SITE=local as submit() sets it.
     work = tmp_path / "work"
-    env = {**os.environ, "WORKSHOP_SITE": "local", "WORKDIR": str(work), "HOLD": "1"}   # held, released here
+    # $TMPDIR set, as Roihu sets it in every job: the script passes '$TMPDIR/...' and each node expands it
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    env = {**os.environ, "WORKSHOP_SITE": "local", "WORKDIR": str(work), "HOLD": "1",   # held, released here
+           "TMPDIR": str(node_tmp)}
     job_id = slurm_cluster.sbatch(ROOT / "slurm" / "data_at_scale_requeue.slurm", env=env, cwd=ROOT,
                                   sbatch_args=["-o", f"{tmp_path}/%x-%j.out"])
     try:
@@ -78,6 +82,10 @@ def test_a_job_killed_mid_epoch_and_requeued_on_one_node_trains_every_sample_onc
         world1, stopped, n = map(int, stop.groups())
         assert 0 < stopped < n and world1 == 4                  # killed mid-epoch, on 2 nodes x 2
         assert f"run 2 of job {job_id} on 1 node(s)" in output
+        # every node's copy went to its own expanded $TMPDIR, none to a directory named '$TMPDIR'
+        staged_to = re.findall(r"^summary: node=(\S+) dir=(\S+) ", output, re.M)
+        assert len(staged_to) >= 3 and all(d.startswith(f"{node_tmp}/") and node in d for node, d in staged_to), staged_to
+        assert not (ROOT / "$TMPDIR").exists()                  # the job's working directory: the repository
         ids, launches = Counter(), {}
         for path in glob.glob(str(work / "logs" / "*.jsonl")):
             launch, _ = Path(path).stem.split("-rank")
