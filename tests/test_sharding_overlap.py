@@ -89,3 +89,12 @@ def test_a_logits_rounding_moves_a_tokens_loss_by_the_logits_size_not_the_loss()
     # relative to the loss: far below bf16's 2^-9 at the small size, above it at a trained one's
     assert small["rel_err_median"] < 2 ** -9 < big["rel_err_median"], (small, big)
     assert rounding_at_scale(logits.bfloat16().float(), targets)["err_in_logit_ulps_max"] == 0
+
+
+def test_running_sums_in_bf16_spacings():
+    from source_code.sharding.fsdp_demo_text import running_sums
+    ar = {"spacing": 2 ** -6, "bf16_terms_exact_mean": 3.5, "bf16_mean": 3.5 + 2 ** -6,
+          "by_hand_bf16_mean": 2.0, "tokens": 512}
+    s = running_sums(ar)
+    assert s["torch_off"] == 1 and s["by_hand_off"] == 96
+    assert s["stall"] == 1024 and s["stall_spacing"] == 8          # 8 significant bits at 2^10

@@ -17,6 +17,7 @@ Scripts and harnesses:
 * memory_report.py  -- the memory and communication tables for 1, 2, 4 ranks; fsdp_state_bytes_ratio
 * fsdp_demo.py      -- all-gathers per step (reshard on/off), meta init, bf16, HSDP on a 2x2 mesh
 * bf16_logits.py    -- what the bf16 policy does to the logits, the loss and the head's gradient
+* fsdp_demo_text.py -- notebook 09's words for fsdp_demo.py's lines
 * dcp_demo.py       -- load a checkpoint on another number of ranks, compare with the full state
 * exercises.py      -- the check function of notebook 09's exercise
 * figures.py        -- the figures of notebook 09

@@ -37,8 +37,7 @@ except ImportError:  # pragma: no cover - torch < 2.6
 
 
 def shard_model(model: TransformerLM, mesh, reshard_after_forward: bool = True,
-                mp_policy: MixedPrecisionPolicy | None = None,
-                head_policy: MixedPrecisionPolicy | None = None) -> TransformerLM:
+                mp_policy: MixedPrecisionPolicy | None = None, head_policy=None) -> TransformerLM:
     """fully_shard each block, then the root (embeddings, final norm, head). ``head_policy``:
     the head in a group of its own with that policy (fp32 logits need an fp32 head)."""
     where = mesh.device_type if mesh is not None else next(model.parameters()).device.type
