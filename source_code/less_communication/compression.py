@@ -31,6 +31,8 @@ each worker's own compression dropped. The first ``start_iter`` steps use the pl
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -47,6 +49,11 @@ class PowerSGDState:
         self.rank, self.error_feedback, self.start_iter, self.seed = rank, error_feedback, start_iter, seed
         self.errors, self.qs = {}, {}
         self.iter = 0
+        self.counter = None        # a mode entered around each collective only (attach's counter)
+
+
+def _counted(state):
+    return state.counter if state.counter is not None else contextlib.nullcontext()
 
 
 def compressible(shape, rank: int) -> bool:
@@ -63,12 +70,13 @@ def initial_qs(mats, rank: int, seed: int, key: int) -> list:
     return [torch.randn(m.shape[1], rank, generator=g) for m in mats]
 
 
-def _flat_all_reduce(tensors) -> None:
-    """One all-reduce (sum) for a list of tensors, written back in place."""
+def _flat_all_reduce(tensors, counted=contextlib.nullcontext()) -> None:
+    """One all-reduce (sum) for a list of tensors, written back in place (inside ``counted``)."""
     if not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat)
+    with counted:
+        dist.all_reduce(flat)
     offset = 0
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view_as(t))
@@ -83,7 +91,8 @@ def powersgd_hook(state, bucket):                 # DDP checks hooks' annotation
     if bucket.is_last():                           # a step ends with its last bucket
         state.iter += 1
     if plain:
-        return default_hooks.allreduce_hook(None, bucket)
+        with _counted(state):
+            return default_hooks.allreduce_hook(None, bucket)
     grads = bucket.gradients()                     # views into buffer, one per parameter
     mats = [g.view(g.shape[0], -1) for g in grads if compressible(g.shape, state.rank)]
     rest = [g for g in grads if not compressible(g.shape, state.rank)]
@@ -94,13 +103,13 @@ def powersgd_hook(state, bucket):                 # DDP checks hooks' annotation
     if key not in state.qs:
         state.qs[key] = [q.to(buffer) for q in initial_qs(mats, state.rank, state.seed, key)]
     qs = state.qs[key]
-    _flat_all_reduce(rest)                                   # vectors: as they are
+    _flat_all_reduce(rest, _counted(state))                  # vectors: as they are
     ps = [m @ q for m, q in zip(mats, qs)]                    # (n, r)
-    _flat_all_reduce(ps)
+    _flat_all_reduce(ps, _counted(state))
     ps = [torch.linalg.qr(p).Q for p in ps]                   # orthonormal columns
     for m, p, q in zip(mats, ps, qs):
         q.copy_(m.T @ p)                                      # (m, r), kept: next step's start
-    _flat_all_reduce(qs)
+    _flat_all_reduce(qs, _counted(state))
     for m, p, q in zip(mats, ps, qs):
         m.copy_(p @ q.T)                                      # rank-r sum of the gradients
     buffer.div_(world)
@@ -135,9 +144,11 @@ class TorchPowerSGDState(powerSGD_hook.PowerSGDState):
     __slots__ = ("random_seed_for_ours",)
 
 
-def attach(ddp, method: str, rank: int = 2, seed: int = 0, start_iter: int = 2, wrap=None):
+def attach(ddp, method: str, rank: int = 2, seed: int = 0, start_iter: int = 2, wrap=None, counter=None):
     """Register ``method``'s hook on ``ddp`` (passed through ``wrap(hook)`` if given, e.g. to
-    count its collectives); returns its state (None for the plain ones)."""
+    count its collectives); returns its state (None for the plain ones). Our PowerSGD hook,
+    given ``counter`` (a mode such as SlowLink), enters it around each of its collectives only
+    instead of being wrapped: its matrix arithmetic then runs without the mode's per-operator cost."""
     if method not in METHODS:
         raise ValueError(f"unknown compression {method!r}; choose one of {', '.join(METHODS)}")
     wrap = wrap or (lambda hook: hook)
@@ -154,5 +165,6 @@ def attach(ddp, method: str, rank: int = 2, seed: int = 0, start_iter: int = 2, 
         ddp.register_comm_hook(state, wrap(torch_powersgd_from_our_q))
         return state
     state = PowerSGDState(rank, error_feedback=method == "powersgd", start_iter=start_iter, seed=seed)
-    ddp.register_comm_hook(state, wrap(powersgd_hook))
+    state.counter = counter
+    ddp.register_comm_hook(state, powersgd_hook if counter is not None else wrap(powersgd_hook))
     return state

@@ -28,7 +28,10 @@ from source_code.distributed import print0
 from source_code.less_communication import checks, tasks
 from source_code.less_communication.harness import pretrain, settings_with, train
 
-EF_RANK = 4          # the rank at which the spread runs compare error feedback (beside --rank)
+# the rank at which the spread runs compare error feedback (beside --rank): on these 48-wide
+# matrices rank 8 keeps enough of each gradient for error feedback to track DDP with SGD within
+# these steps, and leaves enough out that without it the run falls behind (section 2)
+EF_RANK = 8
 TORCH_STEPS = 20     # torch's PowerSGD hook: steps trained (ours is compared with it on these)
 
 
@@ -37,7 +40,7 @@ def methods(s: dict) -> list:
     h, r = s["every"], s["rank"]
     if s["goals_only"]:
         return ["ddp", "ddp-sgd", f"powersgd-r{r}", f"diloco-{h}"]
-    ranks = sorted({1, r, EF_RANK})
+    ranks = sorted({1, r, 4, EF_RANK})       # the bytes and loss of each, with error feedback
     hooks = (["ddp-sgd", "fp16"] + [f"powersgd-r{k}" for k in ranks] + [f"powersgd-no-ef-r{EF_RANK}"]
              + [f"torch-powersgd-r{r}"])
     local = (["ddp", f"local-sgd-{h}", f"diloco-{h}", f"diloco-{h}-paper"] + [f"diloco-{k}" for k in s["sweep"] if k != h]

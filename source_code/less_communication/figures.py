@@ -36,10 +36,14 @@ def curves(runs: dict, methods, link: str, name: str | None = None, compute_s: f
     return fig
 
 
-def ef_spread(gaps: dict, name: str | None = None):
+def ef_spread(gaps: dict, name: str | None = None, tolerance: float | None = None):
     """``gaps[(rank, with_ef)] = [gap per seed]``: PowerSGD's held-out loss above DDP's with the
-    same optimizer, per seed, with and without error feedback (a key left out is not drawn)."""
+    same optimizer, per seed, with and without error feedback (a key left out is not drawn);
+    ``tolerance`` (a fraction) shades the band called tracking DDP."""
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    if tolerance is not None:
+        ax.axhspan(-100 * tolerance, 100 * tolerance, color="0.85", zorder=0,
+                   label=f"within {100 * tolerance:g} % of DDP")
     ranks = sorted({r for r, _ in gaps})
     labelled = set()
     for i, r in enumerate(ranks):

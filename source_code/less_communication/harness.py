@@ -148,7 +148,7 @@ def _setup(method: str, sp: dict, s: dict, model, ctx, wire: SlowLink, seed: int
         ddp = DDP(model, device_ids=ctx.device_ids)
         kind = {"ddp": "full", "ddp-sgd": "full"}.get(sp["kind"], sp["kind"])
         state = compression.attach(ddp, kind, rank=sp["rank"] or s["rank"], seed=seed,
-                                   wrap=None if kind == "torch-powersgd" else wire.counted)
+                                   wrap=None if kind == "torch-powersgd" else wire.counted, counter=wire)
         return ddp, None, state
     h = sp["every"]
     if sp["kind"] == "local-sgd":

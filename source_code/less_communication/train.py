@@ -7,8 +7,8 @@
 Trains the same TransformerLM on the same batches of --task (tasks.py: ``sort``, the generated
 sort task, or ``markov``, sequences of a fixed random Markov chain whose loss has a floor above
 0) from one start pretrained --pretrain steps with DDP, then --steps more with each method
-(experiment.py): plain DDP, DDP with the fp16 hook and PowerSGD (by hand at ranks 1, --rank
-and 4 with error feedback, at 4 also without, and torch's hook for its first steps), local SGD,
+(experiment.py): plain DDP, DDP with the fp16 hook and PowerSGD (by hand at ranks 1, --rank,
+4 and 8 with error feedback, at 8 also without, and torch's hook for its first steps), local SGD,
 DiLoCo (the outer step as ours and as the paper sets it) at H = --every and
 at the --sweep values, and streaming DiLoCo (fragments consecutive or strided, fp32, fp16 or
 4-bit outer gradients); the spread runs again for every seed of --seeds; and the checks that
