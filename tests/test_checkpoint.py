@@ -2,7 +2,6 @@
 import io
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -129,19 +128,33 @@ def test_show_command_prints_the_refusal_as_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "is not a readable snapshot" in err
 
 
+def _ddp_job(*argv):
+    """source_code.training.ddp's main after its process group forms (its flags, checks, seed
+    and train()), in a rank of processes.spawn: the group spawn formed stands for torchrun's
+    (the script's own launches under torchrun: tests/test_distributed.py)."""
+    from source_code import distributed
+    from source_code.cli import Parser
+    from source_code.distributed import seed_everything
+    from source_code.training import ddp, loop
+    args = loop.add_common_args(Parser()).parse_args(list(argv))
+    loop.check_args(args)
+    ctx = distributed.context()
+    seed_everything(args.seed, ctx.rank)
+    ddp.train(ctx, args)
+
+
 @pytest.mark.parity
-def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, torchrun):
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, capfd):
     """2 epochs straight vs 1 epoch, stop, resume for the 2nd: same weights and momentum."""
+    from source_code.processes import spawn
     common = ["--max-steps", "6", "--batch-size", "32"]
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
-    with ThreadPoolExecutor(2) as pool:  # independent jobs: overlap their start-up time
-        jobs = [pool.submit(torchrun, "source_code.training.ddp", "--epochs", epochs,
-                            "--checkpoint", path, *common) for epochs, path in ((2, a), (1, b))]
-        for job in jobs:
-            job.result()
+    for epochs, path in ((2, a), (1, b)):
+        spawn(_ddp_job, 2, "--epochs", str(epochs), "--checkpoint", str(path), *common, stream=True)
     assert torch.load(b, weights_only=False)["epoch"] == 1
-    out = torchrun("source_code.training.ddp", "--epochs", 2, "--checkpoint", b, "--resume",
-                   *common).stdout
+    capfd.readouterr()
+    spawn(_ddp_job, 2, "--epochs", "2", "--checkpoint", str(b), "--resume", *common, stream=True)
+    out = capfd.readouterr().out
     assert "resumed from" in out and "after epoch 1" in out
     straight, resumed = (torch.load(p, weights_only=False) for p in (a, b))
     assert straight["epoch"] == resumed["epoch"] == 2
