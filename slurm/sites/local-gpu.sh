@@ -3,7 +3,7 @@
 # exists), so a job must ask for them, as on Roihu, LUMI or JURECA, or it is refused; the
 # processes then run on the CPU (the device policy finds no CUDA) and the job says so.
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
-SITE_NAME="local test cluster, GPUs counted by Slurm"
+SITE_NAME="local GPU test cluster"
 SITE_PARTITION=debug
 SITE_PARTITION_MAX_GPUS=2
 SITE_PARTITION_TEST=debug
