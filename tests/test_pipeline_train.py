@@ -26,18 +26,43 @@ def test_bad_flags_fail_in_one_line(args, message, monkeypatch, capsys):
     assert exc.value.code == 2 and message in str(exc.value)
 
 
+def _main_in_spawned_group(*argv):
+    """The script's main in a rank of processes.spawn: its session is the group spawn formed,
+    seeded as the script's own session seeds it."""
+    import contextlib
+    from source_code import distributed
+    from source_code.pipeline import train
+
+    @contextlib.contextmanager
+    def session(launch_hint=None, seed=None):
+        ctx = distributed.context()
+        if seed is not None:
+            distributed.seed_everything(seed, ctx.rank)
+        yield ctx
+    train.session = session
+    return train.main(list(argv))
+
+
 @pytest.mark.parity
-def test_repeated_launches_train_and_exit_cleanly(torchrun):
-    """A few launches (own and library schedules): all exit 0, same losses for equal schedules."""
+def test_repeated_launches_train_and_exit_cleanly(torchrun, capfd):
+    """Own and library schedules train the same, step for step: two launches under torchrun
+    (both exit 0 and cleanly; notebook 10 launches the script a third time), the own 1F1B on
+    forked ranks (what it adds is its schedule, not another launch)."""
+    flags = ("--epochs", "1", "--max-steps", "12", "--eval-samples", "64")
+    outputs = {schedule: torchrun("source_code.pipeline.train", "--schedule", schedule, *flags,
+                                  nproc=2).stdout for schedule in ("gpipe", "lib-1f1b")}
+    from source_code.processes import spawn
+    capfd.readouterr()
+    assert spawn(_main_in_spawned_group, 2, "--schedule", "1f1b", *flags, stream=True) == [0, 0]
+    outputs["1f1b"] = capfd.readouterr().out
     losses = {}
-    for schedule in ("gpipe", "1f1b", "lib-1f1b"):
-        res = torchrun("source_code.pipeline.train", "--schedule", schedule, "--epochs", "1",
-                       "--max-steps", "12", "--eval-samples", "64", nproc=2)
-        assert "terminate called" not in res.stdout
-        summary = loop.parse_summary(res.stdout)
+    for schedule, out in outputs.items():
+        assert "terminate called" not in out
+        summary = loop.parse_summary(out)
         assert summary["world_size"] == 2 and summary["accuracy"] > 0.1
-        losses[schedule] = [ln.split("loss ")[1].split()[0] for ln in res.stdout.splitlines()
+        losses[schedule] = [ln.split("loss ")[1].split()[0] for ln in out.splitlines()
                             if ln.startswith("epoch")]
+    assert len(losses["gpipe"]) == 1
     assert losses["gpipe"] == losses["1f1b"] == losses["lib-1f1b"]  # the same training, step for step
 
 
