@@ -22,10 +22,44 @@ def _weights(path):
     return torch.load(path, weights_only=False)
 
 
+class _GroupFormed:
+    """torch.distributed for the script's main inside processes.spawn: the group spawn formed is
+    the one it joins, and spawn ends it."""
+    def __getattr__(self, name):
+        return getattr(torch.distributed, name)
+
+    def init_process_group(self, *args, **kwargs):
+        pass
+
+    def destroy_process_group(self, *args, **kwargs):
+        pass
+
+
+def _job_main(*argv):
+    """The fault-tolerant script's main (its flags, checks, seed, training and snapshots) in a
+    rank of processes.spawn; torchrun launches it in the drills below and in notebook 07."""
+    from source_code import distributed
+    from source_code.training import ddp_fault_tolerant as job
+    job.dist = _GroupFormed()
+    job.whoami = lambda launch_hint: (distributed.context(), None)
+    return job.main(list(argv))
+
+
+def _spawned(*argv) -> str:
+    """What rank 0 printed: the ranks' lines come back through spawn's stream."""
+    import contextlib
+    import io
+    from source_code.processes import spawn
+    lines = io.StringIO()
+    with contextlib.redirect_stdout(lines):
+        assert spawn(_job_main, 2, *map(str, argv), stream=True) == [0, 0]
+    return lines.getvalue()
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     path = tmp_path_factory.mktemp("ref") / "snap.pt"
-    out = torchrun(JOB, *ARGS, "--checkpoint", path).stdout
+    out = _spawned(*ARGS, "--checkpoint", path)
     return path, out
 
 
@@ -75,7 +109,7 @@ def test_kill_during_checkpoint_write_leaves_previous_snapshot_loadable(tmp_path
 
 def test_restart_with_fewer_processes_continues_from_the_snapshot(tmp_path, uninterrupted):
     path = tmp_path / "snap.pt"
-    torchrun(JOB, "--epochs", "1", "--max-steps", "6", "--checkpoint", path, nproc=2)
+    _spawned("--epochs", "1", "--max-steps", "6", "--checkpoint", path)
     assert _weights(path)["epoch"] == 1
     out = torchrun(JOB, *ARGS, "--checkpoint", path, "--resume", nproc=1).stdout
     assert f"resumed from {path} after epoch 1" in out
