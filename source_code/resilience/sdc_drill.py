@@ -35,7 +35,8 @@ from source_code.errors import LaunchError, run_main
 from source_code.resilience import common, rerun, sdc
 
 KINDS = ("state-once", "state-repeat", "compute-once", "compute-repeat", "compute-data", "compute-small")
-STATE_BIT = 3      # a low mantissa bit: the value moves by ~1e-7 of itself, the loss does not notice
+STATE_BIT = 3      # a low mantissa bit: the value moves by 2^-20 of its power of 2 (5e-7 to 1e-6
+                   # of itself), the loss does not notice
 GRAD_BIT = 30      # the exponent's top bit: a gradient element below 1 grows by 2^128
 
 

@@ -12,15 +12,18 @@ M (exp(P/M) - 1), and the fraction of time wasted is
 (``waste_fraction``; ``simulate`` checks it with drawn failures); ``best_interval`` finds its
 minimum. This is Daly's complete model (2006, "A higher order estimate of the optimum checkpoint
 interval for restart dumps"), whose expected run time also holds a factor exp(R/M) for the
-restart time R, which moves no interval. Daly's higher-order estimate of its minimum (his
-eq. 37, ``daly_higher_order``) is sqrt(2 C M) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C for C < 2M, and
-M for C >= 2M. Expanded to first order in P/M the waste is C/(tau + C) + tau/(2M), minimised
-at sqrt(2 C M) - C (``first_order_interval``); dropping C against tau as well gives
-C/tau + tau/(2M) and Young's interval (1974): sqrt(2 C M). Daly's own first-order model (his
-simpler cost function, which counts R and a rework of half a period) gives sqrt(2 C (M + R))
-(``daly_first_order``): Young's with M + R for M. All are close to the model's minimum when
-C << M and drift away from it as C approaches M; the model has its own best interval for
-C >= 2M too.
+restart time R (a restart that a failure can strike and start over; one that no failure can
+strike, such as a requeue's wait for nodes, is a factor 1 + R/M), which moves no interval.
+Daly's higher-order estimate of its minimum (his eq. 37, ``daly_higher_order``) is
+sqrt(2 C M) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C for C < 2M, and M for C >= 2M. Expanded to
+first order in P/M the waste is C/(tau + C) + tau/(2M), minimised at sqrt(2 C M) - C
+(``first_order_interval``); dropping C against tau as well gives C/tau + tau/(2M) and Young's
+interval (1974): sqrt(2 C M). Daly's own first-order model (his simpler cost function, which
+counts R and a rework of half a period) gives sqrt(2 C (M + R)) (``daly_first_order``): Young's
+with M + R for M. All are close to the model's minimum when
+C << M; as C approaches M, Young's and the first-order interval drift away from it while eq. 37
+stays nearer (notebook 17 asserts it after its exercise); the model has its own best interval
+for C >= 2M too.
 """
 from __future__ import annotations
 
