@@ -46,8 +46,14 @@ def _first_order_capped(c, s, f):       # sqrt(2CM) - C, M beyond C >= 2M
     return max(1, round((math.sqrt(2 * c * m) - c) / s)) if c < 2 * m else max(1, round(m / s))
 
 
+def _daly_eq37(c, s, f):        # Daly's higher-order estimate, in whole steps, at least one
+    m = _mtbf(f)
+    tau = m if c >= 2 * m else math.sqrt(2 * c * m) * (1 + math.sqrt(c / (2 * m)) / 3 + c / (2 * m) / 9) - c
+    return max(1, round(tau / s))
+
+
 def test_right_answers_written_another_way_pass():
-    for fn in (_floor_of_best, _grid_search, lambda c, s, f: float(reference(c, s, f)),
+    for fn in (_floor_of_best, _grid_search, _daly_eq37, lambda c, s, f: float(reference(c, s, f)),
                lambda c, s, f: np.int64(reference(c, s, f)),
                lambda c, s, f: np.float32(reference(c, s, f))):
         assert check_snapshot_every(fn).startswith("correct"), fn
@@ -184,3 +190,18 @@ def test_an_answer_that_imports_the_reference_during_the_check_is_refused():
     finally:
         if loaded is not None:
             sys.modules["source_code.solutions.nb17_resilience"] = loaded
+
+
+def test_the_notebook_shows_daly_eq37_only_after_the_exercise():
+    """Eq. 37 in whole steps passes the check: the notebook shows it (formula, row, function)
+    only after the exercise's check, as what an answer is compared with."""
+    import json
+    from pathlib import Path
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "17_resilience.ipynb").read_text())["cells"]
+    exercise = next(i for i, c in enumerate(cells) if "def snapshot_every_steps" in "".join(c["source"]))
+    for i, cell in enumerate(cells[:exercise]):
+        shown = "".join(cell["source"]) + "".join(
+            "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")) for o in cell.get("outputs", []))
+        assert not any(word in shown for word in ("tfrac13", "daly_higher_order", "eq. 37\"", "eq. 37 ")), i
+    after = "".join("".join(c["source"]) for c in cells[exercise + 1:])
+    assert "tfrac13" in after and "daly_higher_order" in after
