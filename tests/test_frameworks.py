@@ -25,10 +25,43 @@ def launch(name, path, *args):
     return res
 
 
+class _GroupFormed:
+    """torch.distributed for the plain script's main inside processes.spawn: the group spawn
+    formed is the one it joins, and spawn ends it."""
+    def __getattr__(self, name):
+        import torch.distributed
+        return getattr(torch.distributed, name)
+
+    def init_process_group(self, *args, **kwargs):
+        pass
+
+    def destroy_process_group(self, *args, **kwargs):
+        pass
+
+
+def _plain_main(*argv):
+    from source_code import distributed
+    from source_code.training import ddp
+    ddp.dist = _GroupFormed()
+    ddp.whoami = lambda launch_hint: (distributed.context(), None)
+    return ddp.main(list(argv))
+
+
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
+    """The plain DDP script (its flags, seed, training, snapshot) on forked ranks: only the
+    frameworks' runs need torchrun's launch here (the plain script's own: notebook 16's and
+    tests/test_distributed.py's)."""
+    import contextlib
+    import io
+    from source_code.processes import spawn
+    from source_code.training import loop
     path = tmp_path_factory.mktemp("plain") / "plain.pt"
-    return launch("plain DDP", path), path
+    lines = io.StringIO()
+    with contextlib.redirect_stdout(lines):
+        assert spawn(_plain_main, 2, "--epochs", EPOCHS, "--checkpoint", str(path), stream=True) == [0, 0]
+    out = lines.getvalue()
+    return {**loop.parse_summary(out), "name": "plain DDP", "output": out}, path
 
 
 @pytest.mark.parity
