@@ -12,8 +12,14 @@ group of its own.
 * ``policy_report``: the policy run and an fp32-head run against the fp32 model, like for like.
 * ``loss_arithmetic``: the same logits through ``F.cross_entropy`` in bf16 and in fp32 (what
   ``output_dtype`` changes), torch's bf16 mean, and a running sum kept in bf16 by hand.
-* ``rounding_at_scale``: logits rounded to bf16 at a trained model's size: each token's loss is
-  off by about its largest logit x 2^-9 in absolute terms, whatever the loss.
+* ``rounding_at_scale``: logits rounded to bf16, as they are and at a trained model's size. bf16
+  keeps 8 significant bits (7 stored and the implicit one): neighbours are 2^-7 apart at 1, so
+  round-to-nearest moves a number z by at most |z| 2^-8 (U). A token's loss L = logsumexp(z) - z_y
+  has the gradient softmax(z) - onehot(y), whose absolute values sum to 2(1-p), p the target's
+  probability; with every logit moved by at most d = max|z| U, L moves by at most 2(1-p) d to first
+  order. Exactly: along the way each ratio p_j/p_y changes by at most a factor e^{2d}, so 1-p grows
+  by at most that factor, and |dL| <= (1-p)(e^{2d} - 1) = 2(1-p) d (1 + d + ...). Since L >= 1-p,
+  the loss's relative error is at most e^{2d} - 1, however confident the token.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-ULP = 2.0 ** -9          # half a bf16 spacing, relative: 8 significant bits
+U = 2.0 ** -8            # bf16's unit roundoff: half the spacing 2^-7 at 1 (8 significant bits)
 
 
 def correct_bits(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -104,18 +110,25 @@ def loss_arithmetic(logits: torch.Tensor, targets: torch.Tensor) -> dict:
 def rounding_at_scale(logits: torch.Tensor, targets: torch.Tensor, size: float | None = None) -> dict:
     """Logits rounded to bf16 (the head's bf16 output), each token's loss taken in fp64 from them
     and from the unrounded ones. ``size``: first scale the logits so each token's largest |logit|
-    is ``size`` on average and make each token's target its top logit (a model that is right, as
-    a trained one is on most tokens). The error of each token's loss in units of its largest
-    |logit| x 2^-9, and against the loss itself."""
+    is ``size`` on average (in fp32, as a model's) and make each token's target its top logit (a
+    model that is right, as a trained one is on most tokens). Each token's error against its
+    bound (1-p)(e^{2d} - 1), d = max|z| U (``err_over_bound_max``, at most 1 by the algebra above),
+    against the first-order bound 2(1-p) d, and against the loss itself."""
     keep = targets != -100
     z, y = logits[keep].detach().double(), targets[keep]
     if size is not None:
-        z = z * (size / z.abs().amax(1).mean())
+        z = (z * (size / z.abs().amax(1).mean())).float().double()   # fp32 logits of that size
         y = z.argmax(1)
     top = z.abs().amax(1)
     loss = F.cross_entropy(z, y, reduction="none")
     err = (F.cross_entropy(z.float().to(torch.bfloat16).double(), y, reduction="none") - loss).abs()
+    q, d = -torch.expm1(-loss), top * U               # 1 - p without cancellation; the largest move
+    first, bound = 2 * q * d, q * torch.expm1(2 * d)
     rel = err[loss > 0] / loss[loss > 0]
-    return {"top_mean": top.mean().item(), "loss_median": loss.median().item(),
-            "err_in_logit_ulps_max": (err / (top * ULP)).max().item(),
+    return {"top_mean": top.mean().item(), "top_max": top.max().item(),
+            "loss_median": loss.median().item(),
+            "err_over_bound_max": (err / bound).max().item(),
+            "err_over_first_order_max": (err / first).max().item(),
+            "second_order_max": (bound / first).max().item() - 1,   # the bound's allowance over first order
+            "rel_err_over_bound_max": (rel / torch.expm1(2 * d[loss > 0])).max().item(),
             "rel_err_median": rel.median().item(), "rel_err_max": rel.max().item()}

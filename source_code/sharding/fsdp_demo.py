@@ -5,16 +5,17 @@
 
 Printed lines (``key: k=v ...``), parsed by notebook 09:
 
-* ``gathers``: the collectives of one step, forward and backward counted apart, for
+* ``gathers``: the collectives of one forward and backward (no optimizer step), counted apart, for
   reshard_after_forward True and False, and the parameter bytes left unsharded after forward;
 * ``meta_init``: peak process memory of building a larger model normally then sharding it vs
   on the meta device then to_empty + init (the shards stay; init_weights makes one full tensor
-  at a time, so the peak is the shards plus about the largest tensor) (MALLOC_MMAP_THRESHOLD_=65536 is set by torchrun's
+  at a time, as ``randn(shape) * 0.02``: the draw and its scaled copy, so the peak is at most the
+  shards plus twice the largest tensor) (MALLOC_MMAP_THRESHOLD_=65536 is set by torchrun's
   environment here: export it for meaningful numbers);
 * ``bf16``: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
   output_dtype=float32): bytes all-gathered, the loss (computed in fp32) vs fp32, the dtype of
   the kept shards (fp32: FSDP2's master copy);
-* ``bf16_logits``: one step on 128 sequences with the fp32 model, the policy, and the policy with
+* ``bf16_logits``: one forward and backward (no optimizer step) on 128 sequences with the fp32 model, the policy, and the policy with
   the head in an fp32 group of its own; rank 0's logits, per-token losses and the gradient its
   head received against the fp32 model's (bf16_logits.py): the policy's logits are bf16 numbers
   in an fp32 tensor, and the head receives their fp32 gradient rounded to bf16;
@@ -22,7 +23,8 @@ Printed lines (``key: k=v ...``), parsed by notebook 09:
   output_dtype changes), torch's bf16 mean against the exact mean of the same bf16 per-token
   losses, and a bf16 accumulator kept by hand adding them one after another (the terms it lost);
 * ``bf16_rounding``: the fp32 model's logits rounded to bf16, as they are and scaled to a trained
-  model's size (``--trained-logit``): each token's loss error in units of its largest logit x 2^-9;
+  model's size (``--trained-logit``): each token's loss error against its bound (1-p)(e^{2d} - 1),
+  d = max|z| 2^-8 (bf16's unit roundoff), and against the loss itself;
 * ``hsdp``: on 4 ranks, mesh (replicate=2, shard=2): placements, local fraction, replicas equal.
 """
 from __future__ import annotations
@@ -87,7 +89,7 @@ def bf16(ctx, cfg, trained_logit: float) -> dict:
     for name, mp, head in (("fp32", None, None), ("bf16", policy, None), ("fp32_head", policy, fp32_head)):
         model = build_sharded(cfg, mesh, 0, ctx.device, mp_policy=mp, head_policy=head)
         c = CommCounter(ctx.world_size)
-        with c:                                   # one step: forward, loss, backward
+        with c:                                   # forward, loss, backward: no optimizer step
             runs[name] = bf16_logits.head_signals(model, xs, ys)
         out[name] = (c.payload["all_gather"], c.payload["reduce_scatter"], runs[name][3])
         if name == "bf16":
