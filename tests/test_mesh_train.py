@@ -44,10 +44,10 @@ def test_bad_flag_exits_2_with_one_line_before_any_process_group():
 
 @pytest.mark.parity
 def test_2d_training_on_4_processes_learns(torchrun):
-    out = torchrun("source_code.mesh.train_2d", "--tp", "2", "--steps", "20", nproc=4).stdout
+    out = torchrun("source_code.mesh.train_2d", "--tp", "2", "--steps", "10", nproc=4).stdout
     assert "terminate called" not in out
     assert "tp group [0, 1] on" in out and "tp group [2, 3] on" in out
-    assert out.count("summary:") == 1 and out.count("step   20/20") == 1   # rank 0 prints
+    assert out.count("summary:") == 1 and out.count("step   10/10") == 1   # rank 0 prints
     s = parse_summary(out)
-    assert (s["world_size"], s["dp"], s["tp"], s["steps"]) == (4, 2, 2, 20)
-    assert s["loss"] < 2.0    # from ln(17) = 2.83 at the start
+    assert (s["world_size"], s["dp"], s["tp"], s["steps"]) == (4, 2, 2, 10)
+    assert s["loss"] < 2.5    # from ln(17) = 2.83 at the start (about 2.1 after 10 steps on the CPU)
