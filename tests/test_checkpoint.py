@@ -128,19 +128,27 @@ def test_show_command_prints_the_refusal_as_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "is not a readable snapshot" in err
 
 
+class _GroupFormed:
+    """torch.distributed for the DDP script's main inside processes.spawn: the group spawn
+    formed is the one it joins, and spawn ends it."""
+    def __getattr__(self, name):
+        return getattr(torch.distributed, name)
+
+    def init_process_group(self, *args, **kwargs):
+        pass
+
+    def destroy_process_group(self, *args, **kwargs):
+        pass
+
+
 def _ddp_job(*argv):
-    """source_code.training.ddp's main after its process group forms (its flags, checks, seed
-    and train()), in a rank of processes.spawn: the group spawn formed stands for torchrun's
-    (the script's own launches under torchrun: tests/test_distributed.py)."""
+    """source_code.training.ddp's main (its flags, checks, seed, training, snapshots) in a rank
+    of processes.spawn (the script's own launches under torchrun: tests/test_distributed.py)."""
     from source_code import distributed
-    from source_code.cli import Parser
-    from source_code.distributed import seed_everything
-    from source_code.training import ddp, loop
-    args = loop.add_common_args(Parser()).parse_args(list(argv))
-    loop.check_args(args)
-    ctx = distributed.context()
-    seed_everything(args.seed, ctx.rank)
-    ddp.train(ctx, args)
+    from source_code.training import ddp
+    ddp.dist = _GroupFormed()
+    ddp.whoami = lambda launch_hint: (distributed.context(), None)
+    return ddp.main(list(argv))
 
 
 @pytest.mark.parity
