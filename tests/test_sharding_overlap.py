@@ -111,3 +111,16 @@ def test_running_sums_in_bf16_spacings():
     s = running_sums(ar)
     assert s["torch_off"] == 1 and s["by_hand_off"] == 96
     assert s["stall"] == 1024 and s["stall_spacing"] == 8          # 8 significant bits at 2^10
+
+
+def test_overlap_reading_says_what_the_paired_gap_allows():
+    from source_code.sharding.overlap import paired_gap
+    from source_code.sharding.overlap_text import reading
+    variants = {name: {"gather_hidden_fraction": h, "step_ms": s, "ahead": a}
+                for name, h, s, a in (("none", 0.0, 760.4, 0), ("prefetch", 0.0, 701.5, 1),
+                                      ("prefetch_async", 0.39, 730.8, 1))}
+    steady = reading(variants, paired_gap([500.0, 650.0, 420.0], [530.0, 681.0, 449.0]), 0.0)
+    noisy = reading(variants, paired_gap([500.0, 650.0, 420.0], [570.0, 580.0, 470.0]), 0.0)
+    assert "0% with FSDP2's default" in steady and "39% with the lists and asynchronous issue" in steady
+    assert "+30, +31, +29 ms" in steady and "does not say where that time goes" in steady
+    assert "+70, -70, +50 ms" in noisy and "cannot tell the two step times apart" in noisy
