@@ -185,8 +185,17 @@ def test_generated_headers_stay_within_the_documented_limits(site):
 def test_roihu_asks_for_gh200s_by_the_node_in_the_partition_its_size_needs():
     o = opts("roihu", 2)
     assert (o["partition"], o["gres"], o["cpus-per-task"]) == ("gpumedium", "gpu:gh200:2", "144")
-    assert "mem" not in o                                   # fixed per GPU: 217 GiB each
+    assert "mem" not in o                                   # fixed per GPU: CSC's 217 GiB each
     assert opts("roihu", 8)["partition"] == "gpularge" and opts("roihu", 8)["nodes"] == "2"
+    # gpularge is open only after CSC's scalability test: the header and the table say so
+    assert "scalability test" in sp.header("roihu", 8).splitlines()[0]
+    assert "scalability test" in next(r for r in sp.table(8) if r["site"] == "roihu")["requires"]
+    assert "scalability" not in sp.header("roihu", 4)
+    # CSC's 217 GiB a reserved GPU is 122 GiB LPDDR5 (host) + 95 GiB HBM3 (the GPU's own): the
+    # table's memory per GPU is host memory at every site, the GPU's own in a column of its own
+    roihu = sp.load("roihu")
+    assert (roihu.mem_per_gpu_gb, roihu.gpu_mem_gb) == (122, 95)
+    assert {k: sp.load(k).gpu_mem_gb for k in ("lumi", "jureca")} == {"lumi": 64, "jureca": 40}
     assert "python-pytorch" in sp.load("roihu").environment  # the module's name on Roihu-GPU
     pairs = dict(site_step.exports("roihu", "project_x"))
     assert (pairs["SBATCH_PARTITION"], pairs["SBATCH_GRES"]) == ("gpumedium", "gpu:gh200:4")

@@ -17,6 +17,7 @@ SITE_CPUS_PER_NODE=128
 SITE_MEM_PER_NODE_GB=0             # 0: no --mem line (whole nodes)
 SITE_MAX_CPUS_PER_GPU=32
 SITE_MAX_MEM_PER_GPU_GB=120        # the node's share per GPU, for the resource table
+SITE_GPU_MEM_GB=40                 # each A100's own HBM2, not in the 120 above
 SITE_CONTAINER_RUNTIME=apptainer
 # torchrun's c10d rendezvous decides whether it hosts the store by comparing the endpoint with
 # its own host name; the endpoint is the InfiniBand name (host + "i"), which it does not

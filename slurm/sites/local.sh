@@ -7,7 +7,9 @@ SITE_PARTITION_MAX_GPUS=2
 SITE_PARTITION_TEST=debug
 SITE_TEST_MAX_GPUS=4
 SITE_TEST_MAX_MINUTES=15
-# partition=max nodes/max time: the test cluster's two nodes
+# partition=max nodes/max time: 2 nodes is the test cluster's size (its partition itself sets no
+# limit: scontrol show partition debug says MaxNodes=UNLIMITED MaxTime=UNLIMITED); 1 day is this
+# profile's own choice, so that the calculator refuses what a site would
 SITE_LIMITS="debug=2/1-00:00:00"
 SITE_GPUS_PER_NODE=2               # process slots per node (CPU cores)
 SITE_GPU_REQUEST=""                # no GPUs to request

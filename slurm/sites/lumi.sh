@@ -17,6 +17,7 @@ SITE_CPUS_PER_NODE=56
 SITE_MEM_PER_NODE_GB=480
 SITE_MAX_CPUS_PER_GPU=7
 SITE_MAX_MEM_PER_GPU_GB=60
+SITE_GPU_MEM_GB=64                 # each GCD's own HBM2e, not in the 60 above
 # CPU-to-GCD binding on a whole node (LUMI's documented masks, local rank 0..7): the 7 cores of
 # the NUMA domain next to each GCD; core 0 of every group of 8 is reserved for the system.
 # srun uses them as --cpu-bind=mask_cpu:...; under torchrun, slurm/bind_local_rank.sh applies

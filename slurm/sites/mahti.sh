@@ -23,6 +23,7 @@ SITE_CPUS_PER_NODE=128
 SITE_MEM_PER_NODE_GB=490
 SITE_MAX_CPUS_PER_GPU=32
 SITE_MAX_MEM_PER_GPU_GB=120        # below the 122.5 GiB Mahti gives each GPU
+SITE_GPU_MEM_GB=40                 # each A100's own HBM2, not in the 120 above
 SITE_CONTAINER_RUNTIME=apptainer
 
 site_environment() {

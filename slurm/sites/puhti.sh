@@ -20,6 +20,7 @@ SITE_CPUS_PER_NODE=40
 SITE_MEM_PER_NODE_GB=373           # the partitions' maximum, not the installed 384 GB
 SITE_MAX_CPUS_PER_GPU=10
 SITE_MAX_MEM_PER_GPU_GB=93         # 373 / 4, rounded down
+SITE_GPU_MEM_GB=32                 # each V100's own HBM2, not in the 93 above
 SITE_CONTAINER_RUNTIME=apptainer
 
 site_environment() {

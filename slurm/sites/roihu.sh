@@ -1,8 +1,9 @@
 # Roihu-GPU (CSC, Finland; replaces Puhti and Mahti, whose compute services closed on 31 Jul and
 # 31 Aug 2026): 132 nodes of 4 NVIDIA GH200 superchips, each one H100 GPU (96 GiB) and one
 # 72-core ARM Grace CPU, InfiniBand NDR (one 200 Gb/s link per GPU). Allocation type G: the
-# cores (up to 72) and memory (217 GiB) a job gets follow from the GPUs it asks for, so the
-# header asks for no memory. Jobs are submitted from the GPU login nodes (roihu-gpu.csc.fi: ARM,
+# cores (up to 72) and memory a job gets follow from the GPUs it asks for, so the header asks
+# for no memory: per GPU, CSC's "217 GiB" is 122 GiB of LPDDR5 (the Grace CPU's, host memory) plus
+# the GPU's own 95 GiB of HBM3, in one address space. Jobs are submitted from the GPU login nodes (roihu-gpu.csc.fi: ARM,
 # like the GPU nodes); SSH needs a MyCSC-signed certificate, valid 24 h. See
 # tests/test_site_profiles.py for the documented limits and their source.
 # Sourced by the job scripts (slurm/common.sh); read by source_code.launch.site_profiles.
@@ -12,6 +13,7 @@ SITE_PARTITION_MAX_GPUS=4
 SITE_PARTITION_FULL_NODES=gpularge   # 4 GPUs a node, 1-10 nodes, 36 h; only for projects that passed
                                      # CSC's scalability test: a course's two-node jobs run in its
                                      # reservation or in gputest
+SITE_PARTITION_FULL_NODES_REQUIRES="for projects that passed CSC's scalability test"
 SITE_PARTITION_TEST=gputest          # short runs: at most 15 min, 2 nodes (8 GPUs)
 SITE_TEST_MAX_GPUS=8
 SITE_TEST_MAX_MINUTES=15
@@ -24,7 +26,8 @@ SITE_GPU_REQUEST="--gres=gpu:gh200:{n}"   # {n} = GPUs per node
 SITE_CPUS_PER_NODE=288
 SITE_MEM_PER_NODE_GB=0             # 0: no memory line (allocation type G: fixed per GPU)
 SITE_MAX_CPUS_PER_GPU=72
-SITE_MAX_MEM_PER_GPU_GB=217        # 95 GiB HBM3 + 122 GiB LPDDR5 per reserved GPU, for the table
+SITE_MAX_MEM_PER_GPU_GB=122        # host memory (LPDDR5) per reserved GPU, for the table
+SITE_GPU_MEM_GB=95                 # the GH200's HBM3 a job may use (CSC: 95 + 122 = 217 GiB a GPU)
 SITE_CONTAINER_RUNTIME=apptainer
 
 site_environment() {

@@ -62,11 +62,13 @@ class Site:
     cpus_per_node: int
     mem_per_node_gb: int
     max_cpus_per_gpu: int
-    max_mem_per_gpu_gb: int  # with mem_per_node_gb == 0: no --mem line (whole nodes)
+    max_mem_per_gpu_gb: int  # host memory; with mem_per_node_gb == 0: no --mem line (whole nodes)
     environment: str  # the body of site_environment(): module lines, interconnect variables
     limits: tuple = ()  # (partition, max nodes, max time) from SITE_LIMITS
     retired: str = ""  # SITE_RETIRED: why no course goes there any more (a worked example only)
     gpu_limits: tuple = ()  # (partition, max GPUs a job): SITE_LIMITS' third field, where it has one
+    gpu_mem_gb: int = 0  # SITE_GPU_MEM_GB: the GPU's own memory (HBM), not in max_mem_per_gpu_gb
+    full_nodes_requires: str = ""  # SITE_PARTITION_FULL_NODES_REQUIRES: who may use that partition
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -110,7 +112,8 @@ def load(key: str) -> Site:
                 int(values["SITE_MAX_CPUS_PER_GPU"]), int(values["SITE_MAX_MEM_PER_GPU_GB"]), env,
                 tuple((part, int(fields[0]), fields[1]) for part, fields in limits),
                 values.get("SITE_RETIRED", ""),
-                tuple((part, int(fields[2])) for part, fields in limits if len(fields) > 2))
+                tuple((part, int(fields[2])) for part, fields in limits if len(fields) > 2),
+                int(values.get("SITE_GPU_MEM_GB", 0)), values.get("SITE_PARTITION_FULL_NODES_REQUIRES", ""))
 
 
 def current_sites() -> list[str]:
@@ -190,7 +193,8 @@ def partition(site: Site, gpus: int, test: bool = False, time: str = "00:30:00")
         lower, upper = site.partition_max_gpus, math.ceil(gpus / site.gpus_per_node) * site.gpus_per_node
         raise ProfileError(f"error: {site.name}'s {site.partition_full_nodes} takes whole nodes of "
                            f"{site.gpus_per_node} GPUs; use {lower} or {upper}")
-    return site.partition_full_nodes, f"more than {site.partition_max_gpus} GPUs: whole nodes"
+    only = f"; only {site.full_nodes_requires}" if site.full_nodes_requires else ""
+    return site.partition_full_nodes, f"more than {site.partition_max_gpus} GPUs: whole nodes{only}"
 
 
 def sbatch_options(key: str, gpus: int, launcher: str = "torchrun", time: str = "00:30:00",
@@ -252,8 +256,11 @@ def table(gpus: int) -> list[dict]:
         except ProfileError as err:
             rows.append({"site": key, "error": err.message})
             continue
-        rows.append({"site": key, "nodes": nodes, "gpus_per_node": per_node,
-                     "cpus_per_gpu": site.cpus_per_gpu, "mem_per_gpu_gb": site.mem_per_gpu_gb})
+        part = partition(site, gpus)[0]
+        rows.append({"site": key, "nodes": nodes, "gpus_per_node": per_node, "partition": part,
+                     "requires": site.full_nodes_requires if part == site.partition_full_nodes else "",
+                     "cpus_per_gpu": site.cpus_per_gpu, "mem_per_gpu_gb": site.mem_per_gpu_gb,
+                     "gpu_mem_gb": site.gpu_mem_gb})
     return rows
 
 
