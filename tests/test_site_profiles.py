@@ -624,3 +624,17 @@ def test_memory_inherited_from_the_lab_job_is_dropped_where_it_conflicts_with_th
     assert memory_left(tmp_path, "MinMemoryCPU=1000M", SLURM_MEM_PER_CPU="1000")[0] == {"SLURM_MEM_PER_CPU": "1000"}
     both = {"SLURM_MEM_PER_CPU": "1000", "SLURM_MEM_PER_NODE": "2000"}
     assert memory_left(tmp_path, "", **both) == (both, "")
+
+
+def test_a_refusal_on_guessed_limits_says_they_are_a_guess():
+    # JURECA's partition limits are the profile's guess (JSC's table not read): a refusal says so
+    with pytest.raises(sp.ProfileError, match="the profile's guess: scontrol show partition dc-gpu-devel"):
+        sp.args("jureca", 4 * 8, test=True, time="01:00:00")
+    with pytest.raises(sp.ProfileError, match="takes at most 128 node.*the profile's guess: scontrol show partition dc-gpu on"):
+        sp.args("jureca", 4 * 200)
+    with pytest.raises(sp.ProfileError) as err:
+        sp.args("lumi", 8 * 5, time="3-00:00:00")
+    assert "guess" not in err.value.message
+    env = {"WORKSHOP_SITE": "jureca", "SBATCH_PARTITION": "dc-gpu-devel", "SBATCH_GRES": "gpu:4"}
+    said = site_step.check_submission(["--nodes=5", "slurm/ddp_multinode.slurm"], env, ROOT)
+    assert said and "takes at most 4 node(s)" in said and "the profile's guess" in said

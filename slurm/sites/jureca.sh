@@ -11,6 +11,7 @@ SITE_TEST_MAX_GPUS=16
 SITE_TEST_MAX_MINUTES=120
 # partition=max nodes/max time: this profile's own guess, like the test partition above
 SITE_LIMITS="dc-gpu=128/24:00:00 dc-gpu-devel=4/2:00:00"
+SITE_LIMITS_GUESSED=yes            # every refusal on them says so and names scontrol show partition
 SITE_GPUS_PER_NODE=4
 SITE_GPU_REQUEST="--gres=gpu:{n}"
 SITE_CPUS_PER_NODE=128

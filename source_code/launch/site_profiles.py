@@ -69,6 +69,7 @@ class Site:
     gpu_limits: tuple = ()  # (partition, max GPUs a job): SITE_LIMITS' third field, where it has one
     gpu_mem_gb: int = 0  # SITE_GPU_MEM_GB: the GPU's own memory (HBM), not in max_mem_per_gpu_gb
     full_nodes_requires: str = ""  # SITE_PARTITION_FULL_NODES_REQUIRES: who may use that partition
+    limits_guessed: bool = False  # SITE_LIMITS_GUESSED=yes: SITE_LIMITS not from the site's guide
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -113,7 +114,14 @@ def load(key: str) -> Site:
                 tuple((part, int(fields[0]), fields[1]) for part, fields in limits),
                 values.get("SITE_RETIRED", ""),
                 tuple((part, int(fields[2])) for part, fields in limits if len(fields) > 2),
-                int(values.get("SITE_GPU_MEM_GB", 0)), values.get("SITE_PARTITION_FULL_NODES_REQUIRES", ""))
+                int(values.get("SITE_GPU_MEM_GB", 0)), values.get("SITE_PARTITION_FULL_NODES_REQUIRES", ""),
+                values.get("SITE_LIMITS_GUESSED", "") == "yes")
+
+
+def guessed(site: Site, part: str) -> str:
+    """The words a refusal adds when the partition's limits are the profile's guess."""
+    return (f" (these limits are the profile's guess: scontrol show partition {part} on the site "
+            "gives the real ones)") if site.limits_guessed else ""
 
 
 def current_sites() -> list[str]:
@@ -129,7 +137,7 @@ def check_limits(site: Site, part: str, nodes: int, time: str, gpus: int | None 
             raise ProfileError(f"error: {site.name}'s partition {part} takes at most {max_nodes} "
                                f"node(s) for {human(minutes(max_time))}; this asks for {nodes} "
                                f"node(s) for {human(minutes(time))}: ask for fewer GPUs or less "
-                               "time, or another partition")
+                               f"time, or another partition{guessed(site, part)}")
     most = dict(site.gpu_limits).get(part)
     if gpus is not None and most is not None and gpus > most:
         raise ProfileError(f"error: {site.name}'s partition {part} takes at most {most} GPU(s) a job; "
@@ -184,7 +192,7 @@ def partition(site: Site, gpus: int, test: bool = False, time: str = "00:30:00")
         if gpus > site.test_max_gpus or minutes(time) > site.test_max_minutes:
             raise ProfileError(f"error: {site.name}'s test partition {site.partition_test} takes at most "
                                f"{site.test_max_gpus} GPUs for {site.test_max_minutes} min; "
-                               f"drop --test or ask for less")
+                               f"drop --test or ask for less{guessed(site, site.partition_test)}")
         return site.partition_test, f"short test run (at most {site.test_max_minutes} min)"
     if gpus <= site.partition_max_gpus or site.partition_full_nodes == site.partition:
         return site.partition, site.name if gpus > site.partition_max_gpus or \

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from source_code.launch.sbatch_line import (cores_option, gpus_a_node, in_site_container, job_script,
                                             read_options, script_options)
-from source_code.launch.site_profiles import ProfileError, Site, check_limits, human, load, minutes
+from source_code.launch.site_profiles import ProfileError, Site, check_limits, guessed, human, load, minutes
 
 VARIABLES = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_GPUS_PER_NODE", "SBATCH_GRES",
              "SBATCH_MEM_PER_GPU", "SBATCH_TIMELIMIT", "SBATCH_RESERVATION")
@@ -219,7 +219,7 @@ def check_submission(argv: list[str], env: dict, cwd: Path) -> str | None:
         fix = "sbatch --partition=<another> (the site's partitions: site_profiles --list)"
     return (f"error: {site.name}'s partition {part} takes at most {most} node(s) for "
             f"{human(minutes(longest))}; this job asks for {count} node(s)"
-            f"{f' for {human(asked)}' if asked else ''}: not submitted; {fix}")
+            f"{f' for {human(asked)}' if asked else ''}: not submitted; {fix}{guessed(site, part)}")
 
 
 def try_line(step: str, line: list[str], env: dict, cwd=None) -> tuple[int, str, bool]:
