@@ -349,7 +349,7 @@ def test_entry_point_runs_and_its_summary_line_adds_up():
     """The entry point end to end at small sizes (``--goals-only``: the runs the summary line
     needs, from ``experiment``, the function the notebook runs at the defaults, whose cell
     asserts the goals on this same line): exit 0, and P is the model's shapes' count with two
-    plain steps, D is 1/H, G is the printed losses' gap. About 10 s on 2 cores."""
+    plain steps, PowerSGD's loss gap and G are the printed losses' gaps, D is 1/H. About 10 s on 2 cores."""
     flags = {"steps": 40, "pretrain": 10, "every": 20, "batch": 8}
     s = harness.settings_with(**flags)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -361,9 +361,9 @@ def test_entry_point_runs_and_its_summary_line_adds_up():
     lines = res.stdout.strip().splitlines()
     last = lines[-1]
     m = re.search(r"^summary: .*methods=4 steps=40 pretrain=10 .* task=sort .*powersgd_bytes_ratio=(\S+) "
-                  r"diloco_bytes_ratio=(\S+) diloco_loss_gap=(\S+) diloco_excess_gap=(\S+)$", last)
+                  r"powersgd_loss_gap=(\S+) diloco_bytes_ratio=(\S+) diloco_loss_gap=(\S+) diloco_excess_gap=(\S+)$", last)
     assert m, last
-    p, d, g, e = map(float, m.groups())
+    p, lp, d, g, e = map(float, m.groups())
     model = harness.build_model(s, "cpu")
     n = sum(t.numel() for t in model.parameters())
     r = s["rank"]
@@ -372,7 +372,8 @@ def test_entry_point_runs_and_its_summary_line_adds_up():
     assert p == pytest.approx((2 * n + (s["steps"] - 2) * k) / (s["steps"] * n), abs=1e-4), last
     assert d == pytest.approx(1 / s["every"], abs=1e-4), last
     loss = {name: float(re.search(rf"^{name} +held-out loss (\S+)", "\n".join(lines), re.M).group(1))
-            for name in ("ddp", f"diloco-{s['every']}")}
+            for name in ("ddp", f"diloco-{s['every']}", "ddp-sgd", f"powersgd-r{r}")}
+    assert lp == pytest.approx((loss[f"powersgd-r{r}"] - loss["ddp-sgd"]) / loss["ddp-sgd"], abs=2e-3), last
     assert g == pytest.approx((loss[f"diloco-{s['every']}"] - loss["ddp"]) / loss["ddp"], abs=2e-3), last
     assert e == pytest.approx(g, abs=1e-4), "on sort the floor is 0: E is G"
 

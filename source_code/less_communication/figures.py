@@ -38,7 +38,8 @@ def curves(runs: dict, methods, link: str, name: str | None = None, compute_s: f
 
 def ef_spread(gaps: dict, name: str | None = None, tolerance: float | None = None):
     """``gaps[(rank, with_ef)] = [gap per seed]``: PowerSGD's held-out loss above DDP's with the
-    same optimizer, per seed, with and without error feedback (a key left out is not drawn);
+    same optimizer, per seed, with and without error feedback (a key left out is not drawn; a
+    mean bar only over several seeds, each rank's seed count under it);
     ``tolerance`` (a fraction) shades the band called tracking DDP."""
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     if tolerance is not None:
@@ -55,9 +56,11 @@ def ef_spread(gaps: dict, name: str | None = None, tolerance: float | None = Non
             ax.scatter([x] * len(ys), ys, color=color, zorder=2,
                        label=None if ef in labelled else ("with" if ef else "without") + " error feedback")
             labelled.add(ef)
-            ax.plot([x - 0.1, x + 0.1], [sum(ys) / len(ys)] * 2, color=color, lw=2)
+            if len(ys) > 1:                         # a mean only where there are seeds to average
+                ax.plot([x - 0.1, x + 0.1], [sum(ys) / len(ys)] * 2, color=color, lw=2)
     ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    seeds = {r: max(len(v) for (rr, _), v in gaps.items() if rr == r) for r in ranks}
+    ax.set_xticks(range(len(ranks)), [f"rank {r}\n({seeds[r]} seed{'s' if seeds[r] > 1 else ''})" for r in ranks])
     ax.set_ylabel("held-out loss above DDP's (%)")
     ax.legend(fontsize=8, loc="upper right")
     ax.grid(axis="y", alpha=0.3)

@@ -16,9 +16,11 @@ put a slow link on this machine. ``--goals-only`` trains only what the summary l
 same runs, so the same numbers). Prints a line per run as it ends, a line per method (held-out
 loss, bytes per step relative to DDP's, time on --link from the link model), and a last line
 
-    summary: ... powersgd_bytes_ratio=P diloco_bytes_ratio=D diloco_loss_gap=G diloco_excess_gap=E
+    summary: ... powersgd_bytes_ratio=P powersgd_loss_gap=L diloco_bytes_ratio=D diloco_loss_gap=G diloco_excess_gap=E
 
-P: PowerSGD's bytes per step at --rank over DDP's (the same hook-free all-reduce); D: DiLoCo's
+P: PowerSGD's bytes per step at --rank over DDP's (the same hook-free all-reduce); L: what P
+costs, (PowerSGD's held-out loss at --rank - DDP with SGD's) / DDP with SGD's (the same
+optimizer, seed and batches; at the default rank 2, which meets P, well above 0); D: DiLoCo's
 at --every over DDP's; G: (DiLoCo's held-out loss - DDP's) / DDP's; E: the same gap in loss
 above the task's floor, (L_DiLoCo - L_DDP) / (L_DDP - floor) (on ``sort`` the floor is 0 and E
 is G). Losses are held-out losses of synchronised models after the same steps and tokens. The
@@ -113,10 +115,12 @@ def check(args, env=None) -> dict:
 
 
 def ratios(results: dict) -> dict:
-    """P, D, G and E of the summary line (see the module docstring)."""
+    """P, L, D, G and E of the summary line (see the module docstring)."""
     s, runs = results["settings"], results["runs"]
     ddp, diloco = runs["ddp"]["eval"], runs[f"diloco-{s['every']}"]["eval"]
-    return {"powersgd_bytes_ratio": runs[f"powersgd-r{s['rank']}"]["bytes_per_step"] / runs["ddp-sgd"]["bytes_per_step"],
+    powersgd, ddp_sgd = runs[f"powersgd-r{s['rank']}"], runs["ddp-sgd"]
+    return {"powersgd_bytes_ratio": powersgd["bytes_per_step"] / ddp_sgd["bytes_per_step"],
+            "powersgd_loss_gap": (powersgd["eval"] - ddp_sgd["eval"]) / ddp_sgd["eval"],
             "diloco_bytes_ratio": runs[f"diloco-{s['every']}"]["bytes_per_step"] / runs["ddp"]["bytes_per_step"],
             "diloco_loss_gap": (diloco - ddp) / ddp,
             "diloco_excess_gap": tasks.excess_gap(diloco, ddp, results["floor"]["held_out"])}
