@@ -76,7 +76,7 @@ def test_mark_writes_only_slide_types_and_is_idempotent(tmp_path):
     original = NOTEBOOKS[0]
     nb = json.loads(original.read_text(encoding="utf-8"))
     for cell in nb["cells"]:
-        cell["metadata"].pop("slideshow", None)
+        cell["metadata"].get("slideshow", {}).pop("slide_type", None)     # the fit's flags stay
     bare = tmp_path / original.name
     rules.write(bare, nb)
     assert slides_main(["--check", str(bare)]) == 1
@@ -88,16 +88,80 @@ def test_mark_writes_only_slide_types_and_is_idempotent(tmp_path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_no_screen_is_taller_than_the_slide(path):
-    """By the rule's height estimate, no screen overflows that a boundary could cut; what is
-    left taller than a screen is one code cell alone (its source, figure and output shown
-    whole: the deck scrolls it), never prose."""
+    """By the rule's height estimate, no screen overflows: every screen counted, one code cell
+    alone included (at its printed lines, its figures, a scrolled output at the scrolled area's
+    height, a collapsed source at one line)."""
     cells = rules.read(path)["cells"]
-    over = rules.overflowing(cells)
-    assert not over, f"{path.name}: screens (first cell, lines) over {rules.SCREEN_LINES} lines: {over}"
-    prose = [i for i, _ in rules.tall_cells(cells) if cells[i]["cell_type"] != "code"]
-    assert not prose, f"{path.name}: prose cells {prose} taller than a screen: python -m source_code.slides.fit {path}"
+    screens = rules.screens(cells)
+    over = [(shown[0], h) for shown, h in screens if h > rules.SCREEN_LINES]
+    assert not over, (f"{path.name}: {len(over)} of {len(screens)} screens (first cell, lines) over "
+                      f"{rules.SCREEN_LINES} lines: {over}; fix: python -m source_code.slides.fit {path}")
     assert all(len(re.findall(r"^#{1,6} ", rules.source(c), re.M)) <= 1 for c in cells
                if c["cell_type"] == "markdown"), f"{path.name}: a cell holds several headings"
+
+
+def test_heights_count_what_is_shown():
+    text = {"output_type": "stream", "name": "stdout", "text": [f"line {i}\n" for i in range(40)]}
+    tall = _code("print(...)", [text])
+    assert rules.height(tall) == 1 + 40, "every printed line counts"
+    tall["metadata"]["scrolled"] = True
+    assert rules.height(tall) == 1 + rules.SCROLLED_LINES, "a scrolled output counts at the area's height"
+    assert rules.SCROLLED_LINES == 18            # 24em (JupyterLab's max-height) at 1.35em a line
+    long = _code("\n".join(f"x{i} = {i}" for i in range(30)), [FIGURE], jupyter={"source_hidden": True})
+    assert rules.height(long) == 30 + rules.FIGURE_LINES, "JupyterLab's collapse is not the deck's"
+    long["metadata"] = {"slideshow": {"slide_type": "-", rules.SOURCE_ON_SLIDE: rules.COLLAPSED}}
+    assert rules.height(long) == 1 + rules.FIGURE_LINES, "a source collapsed on the slide is its one-line bar"
+    table = {"output_type": "display_data", "metadata": {},
+             "data": {"text/markdown": "| a |\n|---|\n" + "| 1 |\n" * 5, "text/plain": "<Markdown>"}}
+    assert rules.height(_code("show()", [table])) == 1 + 7
+    # the static deck shows them at the rule's heights: 700 px a screen of SCREEN_LINES lines
+    css = (export.TEMPLATE_DIR / export.TEMPLATE / "index.html.j2").read_text(encoding="utf-8")
+    px = lambda lines: round(lines * 700 / rules.SCREEN_LINES)
+    assert f".reveal .slides img {{ max-height: {px(rules.FIGURE_LINES)}px; }}" in css
+    assert re.search(rf"\.workshop-scrolled \{{ max-height: {px(rules.SCROLLED_LINES)}px;", css)
+
+
+def test_fit_scrolls_tall_outputs_and_collapses_tall_sources_only(tmp_path):
+    many = {"output_type": "stream", "name": "stdout", "text": "".join(f"step {i}\n" for i in range(60))}
+    lines = lambda n: "\n".join(f"y{i} = {i}" for i in range(n))
+    cells = [
+        _md("# 96 · Tall\n\nAfter this notebook you can fit.\n\nTime: about 5 minutes instructor-led."),
+        _code("import torch"),
+        _md("## 1. Outputs"),
+        _code(lines(5), [many]),                          # a tall output: scrolled, source shown
+        _code(lines(20), [FIGURE, PRINTED]),              # source + figure: the source collapses
+        _code(lines(40), [many]),                         # both tall: both
+        _code(lines(10), [PRINTED], scrolled=True, jupyter={"source_hidden": True},   # fits: flags off
+              slideshow={"slide_type": "-", rules.SOURCE_ON_SLIDE: rules.COLLAPSED}),
+        _code(lines(30) + "  # TODO", [PRINTED]),         # an exercise: its source stays open
+        _code("from source_code.solutions.nb96 import f", jupyter={"source_hidden": True, "outputs_hidden": True}),
+        _md("## Take-aways"),
+    ]
+    for i, c in enumerate(cells):
+        c["id"] = f"c{i}"
+    nb = tmp_path / "96_tall.ipynb"
+    rules.write(nb, {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    fit.fit(nb)
+    once = nb.read_bytes()
+    out = rules.read(nb)["cells"]
+    flags = [(rules.is_scrolled(c), rules.source_collapsed(c)) for c in out[3:9]]
+    assert flags == [(True, False), (False, True), (True, True), (False, False), (False, False), (False, False)], flags
+    hidden = [i for i, c in enumerate(out) if c["metadata"].get("jupyter", {}).get("source_hidden")]
+    assert hidden == [8], f"JupyterLab's source collapse only on the reference solution: cells {hidden}"
+    assert out[8]["metadata"]["jupyter"] == {"source_hidden": True, "outputs_hidden": True}
+    assert rules.read(nb)["metadata"]["rise"] == {"scroll": True}, "live RISE scrolls a slide taller than the window"
+    assert [(c["source"], c["outputs"]) for c in out if c["cell_type"] == "code"] == \
+        [(c["source"], c["outputs"]) for c in cells if c["cell_type"] == "code"], "no source or output changed"
+    assert out[8]["metadata"]["slideshow"]["slide_type"] == "skip", "the reference stays skipped"
+    over = rules.overflowing(out)
+    assert [i for i, _ in over] == [7], f"only the exercise, left open, is taller than a screen: {over}"
+    fit.fit(nb)
+    assert nb.read_bytes() == once, "a second fit changed the notebook"
+    assert slides_main(["--check", str(nb)]) == 1, "--check names the screen left over the height"
+    deck = export.export([nb], tmp_path / "deck")[0][0].read_text(encoding="utf-8")
+    bars = re.findall(r'<details class="workshop-collapsed"><summary>(?:&hellip;|…) \((\d+) lines of code', deck)
+    assert bars == ["20", "40"], f"the deck collapses the flagged sources, and only those: {bars}"
+    assert deck.count('<div class="workshop-scrolled">') == 2, "the two scrolled outputs, and only those"
 
 
 def _fit_case(tmp_path):
@@ -183,6 +247,20 @@ def test_each_deck_has_the_slides_its_metadata_asks_for(decks):
             f"{deck.name}: {slides} slides + {subslides} subslides in the HTML, the metadata of "
             f"{notebook.name} asks for {export.expected(notebook)}")
         assert slides >= 4, f"{deck.name}: {slides} slides; the anatomy has at least title, idea, exercise, take-aways"
+
+
+def test_each_deck_collapses_and_scrolls_the_cells_the_fit_flagged(decks):
+    """The slide-only source collapse is a bar in the deck, a scrolled output a scrolling area;
+    the notebook keeps every source open but the reference solutions'."""
+    _, built = decks
+    for notebook, (deck, _, _) in zip(NOTEBOOKS, built):
+        html = deck.read_text(encoding="utf-8")
+        cells = [c for c in rules.read(notebook)["cells"] if c["cell_type"] == "code"
+                 and c["metadata"].get("slideshow", {}).get("slide_type") != rules.SKIP]
+        assert html.count('<details class="workshop-collapsed">') == sum(map(rules.source_collapsed, cells)), deck.name
+        assert html.count('<div class="workshop-scrolled">') == sum(map(rules.is_scrolled, cells)), deck.name
+        hidden = [c for c in cells if c["metadata"].get("jupyter", {}).get("source_hidden")]
+        assert not hidden, f"{notebook.name}: a source hidden in the notebook (jupyter.source_hidden) on a slide"
 
 
 URL = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*?\b(?:src|href)=["']([^"']+)""", re.I)

@@ -14,8 +14,21 @@ Idempotent: a second run changes nothing. It touches markdown cells and cell met
   contain TEXT, the others core; without it, the marks already there stay, new ones are core);
 - the first cell's "about N minutes instructor-led" is the core sections' time that
   source_code/course_plan.py computes, with the optional ones' minutes beside it;
+- a code cell taller than a screen alone gets display flags, nothing else: its output area
+  scrolled (`"scrolled": true`, JupyterLab's own flag) where that makes it fit with its source
+  shown, else its source collapsed on the slide only (`metadata.slideshow.source_on_slide:
+  "collapsed"`: the exported deck shows a bar the presenter clicks to open; JupyterLab ignores
+  the key, so the notebook shows the code in full), and both where the output is still too
+  tall; a cell that fits has neither (both flags are the fit's: set or cleared on every run; a
+  reference solution's cell, source and output collapsed in the notebook, is left alone, an
+  exercise's source is never collapsed, and `jupyter.source_hidden` is never written: the fit
+  removes it from any other cell);
+- the notebook's `metadata.rise.scroll` is true: live RISE (jupyterlab-rise) then gives a slide
+  taller than the window a scroll bar;
 - the slide types are the rule's (rules.py), as `python -m source_code.slides --mark` writes them.
 The stored outputs stay as they are: re-executing the notebook is not needed.
+
+    python -m source_code.slides.fit               # every numbered notebook
 """
 from __future__ import annotations
 
@@ -142,12 +155,54 @@ def state_time(path: Path, nb: dict) -> None:
         opening[0]["source"] = _lines(new)
 
 
+def _set(meta: dict, scrolled: bool, collapsed: bool) -> None:
+    """The fit's two display flags, each changed in place (the stored order of keys stays), and
+    JupyterLab's own source collapse removed (only a reference solution's cell keeps it)."""
+    if scrolled:
+        meta["scrolled"] = True
+    else:
+        meta.pop("scrolled", None)
+    if collapsed:
+        meta.setdefault("slideshow", {})[rules.SOURCE_ON_SLIDE] = rules.COLLAPSED
+    else:
+        meta.get("slideshow", {}).pop(rules.SOURCE_ON_SLIDE, None)
+    if "source_hidden" in meta.get("jupyter", {}):
+        del meta["jupyter"]["source_hidden"]
+        if not meta["jupyter"]:
+            del meta["jupyter"]
+
+
+def fit_tall_cells(cells: list[dict]) -> None:
+    """Scroll the output, else collapse the source, of each shown code cell taller than a screen
+    (see the docstring); the flags are decided from the cell as it is without them."""
+    shown = [t != rules.SKIP for t in rules.slide_types(cells)]
+    for cell, on_slide in zip(cells, shown):
+        if cell["cell_type"] != "code" or rules.is_collapsed(cell):
+            continue
+        if not on_slide:      # not on a slide: nothing to collapse there
+            _set(cell["metadata"], rules.is_scrolled(cell), False)
+            continue
+        src = len(rules.source(cell).splitlines() or [""])
+        out = rules.output_height(cell)
+        scroll_fits = out > rules.SCROLLED_LINES and src + rules.SCROLLED_LINES <= rules.SCREEN_LINES
+        if src + out <= rules.SCREEN_LINES:
+            _set(cell["metadata"], False, False)
+        elif rules.is_exercise(cell):     # a learner's cell: its source stays open
+            _set(cell["metadata"], out > rules.SCROLLED_LINES, False)
+        elif scroll_fits:
+            _set(cell["metadata"], True, False)
+        else:
+            _set(cell["metadata"], 1 + out > rules.SCREEN_LINES, True)
+
+
 def _code_cells(nb: dict) -> list[dict]:
-    """The code cells as they run: sources, outputs and metadata but the slide type."""
+    """The code cells as they run: sources, outputs and metadata but the display flags."""
     out = []
     for c in (c for c in nb["cells"] if c["cell_type"] == "code"):
         c = copy.deepcopy(c)
         c["metadata"].pop("slideshow", None)
+        if not rules.is_collapsed(c):
+            _set(c["metadata"], False, False)
         out.append(c)
     return out
 
@@ -164,9 +219,17 @@ def fit(path: Path, optional: list[str] | None = None) -> int:
         state_time(path, nb)
         if nb["cells"] == cells:
             break
+    fit_tall_cells(nb["cells"])
+    nb["metadata"].setdefault("rise", {})["scroll"] = True     # live RISE scrolls a tall slide
     for cell, kind in zip(nb["cells"], rules.slide_types(nb["cells"])):
-        show = cell["metadata"].pop("slideshow", {})      # last, where --mark puts it
-        cell["metadata"]["slideshow"] = dict(show, slide_type=kind)
+        show = cell["metadata"].setdefault("slideshow", {})      # slide_type last, as --mark writes it
+        flags = {k: v for k, v in show.items() if k != "slide_type"}
+        show.clear()
+        show.update(flags, slide_type=kind)
+    order = {c.get("id"): list(c["metadata"]) for c in before["cells"]}
+    for cell in nb["cells"]:      # a rebuilt cell keeps its metadata in the stored order: no noise
+        keys = [k for k in order.get(cell.get("id"), []) if k in cell["metadata"]]
+        cell["metadata"] = {k: cell["metadata"][k] for k in keys + [k for k in cell["metadata"] if k not in keys]}
     if _code_cells(nb) != code:
         raise LaunchError(f"error: fitting {path.name} would change a code cell; nothing written")
     if json.dumps(nb) != json.dumps(before):     # the order of keys counts: the bytes stored
@@ -178,14 +241,17 @@ def main(argv=None) -> int:
     p = Parser(prog="python -m source_code.slides.fit", description=__doc__.splitlines()[0])
     p.add_argument("--optional", action="append", metavar="TEXT",
                    help="a `## ` heading that contains TEXT is an optional section (repeat it)")
-    p.add_argument("notebooks", nargs="+", help="notebook files")
+    p.add_argument("notebooks", nargs="*", help="notebook files (default: every numbered notebook)")
     args = p.parse_args(argv)
     from source_code.slides.__main__ import notebooks
     for path in notebooks(args.notebooks):
         added = fit(path, args.optional)
-        nb = rules.read(path)
-        print(f"{path.name}: {added} cells added, {len(rules.overflowing(nb['cells']))} screens over "
-              f"{rules.SCREEN_LINES} lines, {len(rules.tall_cells(nb['cells']))} cells taller than a screen alone")
+        cells = rules.read(path)["cells"]
+        flags = [sum(f(c) for c in cells if c["cell_type"] == "code" and not rules.is_collapsed(c))
+                 for f in (rules.is_scrolled, rules.source_collapsed)]
+        print(f"{path.name}: {added} cells added, {len(rules.overflowing(cells))} screens over "
+              f"{rules.SCREEN_LINES} lines; outputs scrolled in {flags[0]} cells, "
+              f"sources collapsed on the slide in {flags[1]}")
     return 0
 
 

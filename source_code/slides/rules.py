@@ -11,23 +11,38 @@ other cell continues the slide it is on ("-": no fragments, one keystroke per sl
 Prose that fit.py moved behind a slide-sized summary (the cell after a summary cell, taller
 than PROSE_LINES) is the speaker's `notes`: it takes no room on the slide.
 
-The rule reads only the sources, the collapsed flags and whether a cell draws a figure or
-prints at all, never the printed text itself: re-running a notebook changes no boundary.
+A cell's height is what the slide shows of it: its source lines (one line where the fit
+collapsed the source on the slide: `metadata.slideshow.source_on_slide == "collapsed"`, a key
+only the exported deck reads, shown there as a bar that opens on a click; the notebook, and live
+RISE, show the code in full), FIGURE_LINES a figure, the printed lines as printed (wrapped at
+WRAP); an output area marked `"scrolled": true` (JupyterLab's "Enable Scrolling for Outputs",
+which RISE keeps: max-height 24em, then a scroll bar) counts at most SCROLLED_LINES. fit.py sets
+those two flags where a code cell is taller than a screen alone, and the notebook's
+`metadata.rise.scroll` so that live RISE scrolls a slide taller than the window. A re-run that
+prints more lines can move a boundary: `--check` then says so.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 SLIDE, SUBSLIDE, CONTINUE, SKIP, NOTES = "slide", "subslide", "-", "skip", "notes"
-# what fits on one reveal.js slide of the export (960 x 700 at the template's 20 px type)
+# what fits on one reveal.js slide of the export: 960 x 700, whose template (template/) sets the
+# type so that a line of WRAP characters takes at most 700/26 px (prose 16 px on 25 px lines,
+# printed text 14 px on 20, code 11 px on 13, a figure at most FIGURE_LINES lines)
 SCREEN_LINES = 26
 FIGURE_LINES = 16     # a figure's height, in lines of text
-PRINTED_LINES = 4     # a cell's printed lines, whatever they say (see the docstring)
-WRAP = 100            # characters of markdown on one line of a slide
+WRAP = 100            # characters of markdown (or printed text) on one line of a slide
+LINE_EM = 1.35        # a line of text, in em of its type (JupyterLab's output line-height 1.3, rounded up)
+# JupyterLab's scrolled output area: `.jp-mod-outputsScrolled .jp-Cell-outputArea {max-height: 24em}`
+# (@jupyterlab/cells style/widget.css, also in jupyterlab-rise's bundle), in lines of the slide
+SCROLLED_LINES = math.ceil(24 / LINE_EM)
 PROSE_LINES = 10      # prose taller than this goes to the speaker notes, behind a summary (fit.py)
 KEY = "workshop"      # cell metadata of the course tools: {"summary": true} on a slide's summary
+# the slide-only flag of a code cell whose source the deck collapses (JupyterLab ignores it)
+SOURCE_ON_SLIDE, COLLAPSED = "source_on_slide", "collapsed"
 
 HEADING = re.compile(r"(#{1,6}) ")
 
@@ -50,7 +65,18 @@ def is_exercise(cell: dict) -> bool:
 
 
 def is_collapsed(cell: dict) -> bool:
-    return bool(cell["metadata"].get("jupyter", {}).get("source_hidden"))
+    """Source and output both collapsed (the reference solution's cell): nothing to show."""
+    flags = cell["metadata"].get("jupyter", {})
+    return bool(flags.get("source_hidden") and flags.get("outputs_hidden"))
+
+
+def source_collapsed(cell: dict) -> bool:
+    """The source collapsed on the slide only (the notebook shows it): the fit's flag."""
+    return cell["metadata"].get("slideshow", {}).get(SOURCE_ON_SLIDE) == COLLAPSED
+
+
+def is_scrolled(cell: dict) -> bool:
+    return cell["metadata"].get("scrolled") is True
 
 
 def draws_figure(cell: dict) -> int:
@@ -72,15 +98,39 @@ def is_long_prose(cell: dict) -> bool:
             and prose_height(source(cell)) > PROSE_LINES)
 
 
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def output_height(cell: dict) -> int:
+    """The lines a code cell's outputs take, unscrolled: FIGURE_LINES a figure, a table or a
+    text as rendered (wrapped at WRAP), an error's traceback."""
+    lines = 0
+    for o in cell.get("outputs", []):
+        data = o.get("data", {})
+        if {"image/png", "image/svg+xml", "image/jpeg"} & set(data):
+            lines += FIGURE_LINES
+        elif o.get("output_type") == "stream":
+            lines += prose_height(_text(o.get("text", "")).rstrip("\n"))
+        elif o.get("output_type") == "error":
+            lines += prose_height(re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(o.get("traceback", []))))
+        elif "text/markdown" in data:
+            lines += prose_height(_text(data["text/markdown"]).strip("\n"))
+        elif "text/plain" in data:
+            lines += prose_height(_text(data["text/plain"]).rstrip("\n"))
+    return lines
+
+
+def source_height(cell: dict) -> int:
+    return 1 if source_collapsed(cell) else len(source(cell).splitlines() or [""])
+
+
 def height(cell: dict) -> int:
-    """A cell's height on a slide, in lines of text (an estimate from what the rule may read)."""
-    lines = source(cell).splitlines() or [""]
-    if cell["cell_type"] == "markdown":
+    """A cell's height on a slide, in lines of text (see the docstring)."""
+    if cell["cell_type"] != "code":
         return prose_height(source(cell))
-    figures = draws_figure(cell)
-    prints = any(o.get("output_type") in ("stream", "execute_result", "error")
-                 or "text/plain" in o.get("data", {}) and not figures for o in cell.get("outputs", []))
-    return len(lines) + FIGURE_LINES * figures + PRINTED_LINES * prints
+    out = output_height(cell)
+    return source_height(cell) + (min(out, SCROLLED_LINES) if is_scrolled(cell) else out)
 
 
 def slide_types(cells: list[dict]) -> list[str]:
@@ -137,15 +187,8 @@ def screens(cells: list[dict]) -> list[tuple[list[int], int]]:
 
 
 def overflowing(cells: list[dict]) -> list[tuple[int, int]]:
-    """(first cell, height) of every screen taller than SCREEN_LINES that a boundary could cut:
-    one that shows more than one cell. A single cell taller than a screen (a code cell with its
-    figure, shown whole: the deck scrolls it) is counted by tall_cells."""
-    return [(shown[0], h) for shown, h in screens(cells) if h > SCREEN_LINES and len(shown) > 1]
-
-
-def tall_cells(cells: list[dict]) -> list[tuple[int, int]]:
-    """(cell, height) of every cell shown alone on a screen because it is taller than one."""
-    return [(shown[0], h) for shown, h in screens(cells) if h > SCREEN_LINES and len(shown) == 1]
+    """(first cell, height) of every screen taller than SCREEN_LINES, one cell alone included."""
+    return [(shown[0], h) for shown, h in screens(cells) if h > SCREEN_LINES]
 
 
 def stored_types(cells: list[dict]) -> list[str | None]:
