@@ -172,3 +172,30 @@ def test_what_course_day_says_of_the_plan_holds():
     slots = {r[1].strip().split(".")[0]: r[2].strip() for r in rows if r[4].strip()}
     assert slots == {"8": "core", "10": "optional", "12": "optional"}, slots   # COURSE_DAY's "three exercises"
     assert "Notebook 06 has three\n   exercises (sections 8, 10 and 12), each with its exercise slot" in text("COURSE_DAY.md")
+
+
+def test_roihus_site_step_in_the_message_takes_every_line_the_room_submits():
+    """Roihu's gpumedium takes at most 4 GPUs a job: the message's Roihu line (--gpus-per-node 2)
+    lets every core line of every plan through the site step's check, the default step refuses
+    the two-node ones, and every participant's page names the option for Roihu."""
+    page = text("PRE_COURSE_MESSAGE.md")
+    line = re.search(r'`eval "\$\(python3 -m source_code\.launch\.site_profiles (--site roihu [^`]*?) '
+                     r'--format exports\)"`', page)
+    assert line, "the message spells out Roihu's second line"
+    words = shlex.split(line.group(1))
+    options = dict(zip(words[::2], words[1::2]))
+    assert set(options) == {"--site", "--account", "--reservation", "--gpus-per-node"}, options
+    # a reservation that names no partition resolves to the site's default partition, gpumedium
+    roihu = site_profiles.load("roihu")
+    assert dict(site_step.exports("roihu", "project_x"))["SBATCH_PARTITION"] == roihu.partition
+    lines = {ln for plan in course_plan.COURSES.values() for day in plan for n in day for ln in _core_lines(n)}
+    assert any(_nodes(ln) == 2 for ln in lines)
+    for per, two_nodes_pass in ((int(options["--gpus-per-node"]), True), (None, False)):
+        env = dict(site_step.exports("roihu", "project_x", gpus_per_node=per))
+        for ln in sorted(lines):
+            words = shlex.split(ln)
+            refusal = site_step.check_submission(words[words.index("sbatch") + 1:], env, ROOT)
+            assert (refusal is None) == (two_nodes_pass or _nodes(ln) == 1), (per, ln, refusal)
+    assert "<Roihu: --gpus-per-node 2>" in page
+    for name in ["SLOW_QUEUE.md", "LAB_ON_A_CLUSTER.md", "START_HERE.md", "COURSE_DAY.md"]:
+        assert re.search(r"Roihu[^.]*`--gpus-per-node 2`", text(name)), name
