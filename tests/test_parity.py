@@ -79,6 +79,8 @@ def test_broken_ddp_is_caught(torchrun, capfd, broken):
         with pytest.raises(ProcessesFailed) as failed:
             spawn(_parity_main, 2, "--break", broken, stream=True)
         out = capfd.readouterr().out + str(failed.value)
-    _, _, diff = parity_result(out)
-    assert diff > TOL, f"--break {broken} went unnoticed (max_abs_diff={diff})"
-    assert "differ by" in out
+    # every rank raises the one line; which rank's report (and whether rank 0's parity line)
+    # comes first is the scheduler's choice, so the difference is read from the line itself
+    m = re.search(r"differ by (\S+) > tolerance", out)
+    assert m, f"--break {broken}: no one-line failure in:\n{out[-2000:]}"
+    assert float(m[1]) > TOL, f"--break {broken} went unnoticed (max_abs_diff={m[1]})"
