@@ -10,6 +10,8 @@ from source_code import checkpoint, models
 from source_code.checkpoint import CheckpointMismatch
 from source_code.distributed import run_main
 
+import spawned_main  # tests/: an entry point's main in a rank of processes.spawn
+
 
 def temp_files(directory):
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
@@ -128,29 +130,6 @@ def test_show_command_prints_the_refusal_as_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "is not a readable snapshot" in err
 
 
-class _GroupFormed:
-    """torch.distributed for the DDP script's main inside processes.spawn: the group spawn
-    formed is the one it joins, and spawn ends it."""
-    def __getattr__(self, name):
-        return getattr(torch.distributed, name)
-
-    def init_process_group(self, *args, **kwargs):
-        pass
-
-    def destroy_process_group(self, *args, **kwargs):
-        pass
-
-
-def _ddp_job(*argv):
-    """source_code.training.ddp's main (its flags, checks, seed, training, snapshots) in a rank
-    of processes.spawn (the script's own launches under torchrun: tests/test_distributed.py)."""
-    from source_code import distributed
-    from source_code.training import ddp
-    ddp.dist = _GroupFormed()
-    ddp.whoami = lambda launch_hint: (distributed.context(), None)
-    return ddp.main(list(argv))
-
-
 @pytest.mark.parity
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, capfd):
     """2 epochs straight vs 1 epoch, stop, resume for the 2nd: same weights and momentum."""
@@ -158,10 +137,10 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, capfd):
     common = ["--max-steps", "6", "--batch-size", "32"]
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
     for epochs, path in ((2, a), (1, b)):
-        spawn(_ddp_job, 2, "--epochs", str(epochs), "--checkpoint", str(path), *common, stream=True)
+        spawn(spawned_main.ddp_main, 2, "--epochs", str(epochs), "--checkpoint", str(path), *common, stream=True)
     assert torch.load(b, weights_only=False)["epoch"] == 1
     capfd.readouterr()
-    spawn(_ddp_job, 2, "--epochs", "2", "--checkpoint", str(b), "--resume", *common, stream=True)
+    spawn(spawned_main.ddp_main, 2, "--epochs", "2", "--checkpoint", str(b), "--resume", *common, stream=True)
     out = capfd.readouterr().out
     assert "resumed from" in out and "after epoch 1" in out
     straight, resumed = (torch.load(p, weights_only=False) for p in (a, b))

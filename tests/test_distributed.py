@@ -12,6 +12,8 @@ from source_code.distributed import LaunchError, ranks_from_env
 from source_code.processes import rank_lines, spawn
 from source_code.training.loop import parse_summary
 
+import spawned_main  # tests/: an entry point's main in a rank of processes.spawn
+
 
 def test_ranks_from_torchrun_env():
     env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}
@@ -63,34 +65,13 @@ def test_busy_port_is_a_clear_error():
     assert f"MASTER_PORT {port} is busy" in res.stderr and "export MASTER_PORT=" in res.stderr
 
 
-class _GroupFormed:
-    """torch.distributed for the DDP script's main inside processes.spawn: the group spawn
-    formed is the one it joins, and spawn ends it."""
-    def __getattr__(self, name):
-        import torch.distributed
-        return getattr(torch.distributed, name)
-
-    def init_process_group(self, *args, **kwargs):
-        pass
-
-    def destroy_process_group(self, *args, **kwargs):
-        pass
-
-
-def _ddp_main(*argv):
-    from source_code.training import ddp
-    ddp.dist = _GroupFormed()
-    ddp.whoami = lambda launch_hint: (distributed.context(), None)
-    return ddp.main(list(argv))
-
-
 def test_indivisible_batch_names_the_fix():
     """Found once the group has formed (the world size is known then), on forked ranks: how a
     rank's one-line error shows under torchrun is the test of a bad flag under torchrun below."""
     from source_code.processes import ProcessesFailed
     with pytest.raises(ProcessesFailed, match="--batch-size 63 does not divide among 2 processes; "
                                               "use a multiple of 2"):
-        spawn(_ddp_main, 2, "--batch-size", "63", stream=False)
+        spawn(spawned_main.ddp_main, 2, "--batch-size", "63", stream=False)
 
 
 def _rank_and_world():

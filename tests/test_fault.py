@@ -11,6 +11,8 @@ from source_code.launch import faults
 from source_code.processes import torchrun
 from source_code.training.loop import parse_records, parse_summary
 
+import spawned_main  # tests/: an entry point's main in a rank of processes.spawn
+
 pytestmark = pytest.mark.fault
 
 # 3 epochs of 6 steps; the crash comes after global step 9, in the middle of epoch 2
@@ -22,29 +24,6 @@ def _weights(path):
     return torch.load(path, weights_only=False)
 
 
-class _GroupFormed:
-    """torch.distributed for the script's main inside processes.spawn: the group spawn formed is
-    the one it joins, and spawn ends it."""
-    def __getattr__(self, name):
-        return getattr(torch.distributed, name)
-
-    def init_process_group(self, *args, **kwargs):
-        pass
-
-    def destroy_process_group(self, *args, **kwargs):
-        pass
-
-
-def _job_main(*argv):
-    """The fault-tolerant script's main (its flags, checks, seed, training and snapshots) in a
-    rank of processes.spawn; torchrun launches it in the drills below and in notebook 07."""
-    from source_code import distributed
-    from source_code.training import ddp_fault_tolerant as job
-    job.dist = _GroupFormed()
-    job.whoami = lambda launch_hint: (distributed.context(), None)
-    return job.main(list(argv))
-
-
 def _spawned(*argv) -> str:
     """What rank 0 printed: the ranks' lines come back through spawn's stream."""
     import contextlib
@@ -52,7 +31,7 @@ def _spawned(*argv) -> str:
     from source_code.processes import spawn
     lines = io.StringIO()
     with contextlib.redirect_stdout(lines):
-        assert spawn(_job_main, 2, *map(str, argv), stream=True) == [0, 0]
+        assert spawn(spawned_main.fault_tolerant_main, 2, *map(str, argv), stream=True) == [0, 0]
     return lines.getvalue()
 
 

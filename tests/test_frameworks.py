@@ -14,6 +14,8 @@ import pytest
 
 from source_code.frameworks import compare
 
+import spawned_main  # tests/: an entry point's main in a rank of processes.spawn
+
 EPOCHS = "2"
 WEIGHT_TOL = 1e-5      # rounding only: sums in another order, 46 SGD steps with momentum
 
@@ -23,28 +25,6 @@ def launch(name, path, *args):
     res = compare.run(name, "--epochs", EPOCHS, flag, str(path), *args)
     assert "terminate called" not in res["output"] and "Traceback" not in res["output"]
     return res
-
-
-class _GroupFormed:
-    """torch.distributed for the plain script's main inside processes.spawn: the group spawn
-    formed is the one it joins, and spawn ends it."""
-    def __getattr__(self, name):
-        import torch.distributed
-        return getattr(torch.distributed, name)
-
-    def init_process_group(self, *args, **kwargs):
-        pass
-
-    def destroy_process_group(self, *args, **kwargs):
-        pass
-
-
-def _plain_main(*argv):
-    from source_code import distributed
-    from source_code.training import ddp
-    ddp.dist = _GroupFormed()
-    ddp.whoami = lambda launch_hint: (distributed.context(), None)
-    return ddp.main(list(argv))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +39,7 @@ def plain(tmp_path_factory):
     path = tmp_path_factory.mktemp("plain") / "plain.pt"
     lines = io.StringIO()
     with contextlib.redirect_stdout(lines):
-        assert spawn(_plain_main, 2, "--epochs", EPOCHS, "--checkpoint", str(path), stream=True) == [0, 0]
+        assert spawn(spawned_main.ddp_main, 2, "--epochs", EPOCHS, "--checkpoint", str(path), stream=True) == [0, 0]
     out = lines.getvalue()
     return {**loop.parse_summary(out), "name": "plain DDP", "output": out}, path
 
