@@ -199,3 +199,17 @@ def test_roihus_site_step_in_the_message_takes_every_line_the_room_submits():
     assert "<Roihu: --gpus-per-node 2>" in page
     for name in ["SLOW_QUEUE.md", "LAB_ON_A_CLUSTER.md", "START_HERE.md", "COURSE_DAY.md"]:
         assert re.search(r"Roihu[^.]*`--gpus-per-node 2`", text(name)), name
+
+
+def test_every_printed_site_step_tells_roihu_its_gpus_per_node():
+    """A notebook's once-per-shell site step that asks for whole nodes would reset a Roihu
+    participant's shell to 4 GPUs a node, which gpumedium refuses for the two-node lines: each
+    such block says to add --gpus-per-node 2 there."""
+    blocks = 0
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            for line in "".join(cell["source"]).splitlines():
+                if "--format exports)" in line and "# once per shell" in line and "<site>" in line:
+                    blocks += 1
+                    assert "--gpus-per-node" in line, f"{path.name}: {line}"
+    assert blocks >= 15
