@@ -129,6 +129,19 @@ def test_gpu_model_books_each_wait_to_the_transfer_on_the_link():
             assert walk["step_s"] == pytest.approx(compute + idle, rel=1e-9), (overlap, walk["step_s"])
 
 
+def test_gpu_model_on_one_process_has_no_transfer_and_no_waits():
+    """One GPU (make gpu-smoke's own_fsdp_bf16 check): nothing to gather, nothing hidden, and the
+    step is its computation, not a division by zero."""
+    from source_code.sharding import own_fsdp_predict
+    got = own_fsdp_predict.predict(own_fsdp_report.WIDE, 1, 256, 1)
+    units = own_fsdp_predict.unit_costs(own_fsdp_report.WIDE, 1, 256)
+    compute = sum(u["fwd_flops"] + u["bwd_flops"] for u in units) / own_fsdp_predict.GPU_NODE["flops"]
+    for walk in (got["serial"], got["overlap"]):
+        assert walk["comm_s"] == 0 and walk["hidden_fraction"] == 0
+        assert walk["step_s"] == pytest.approx(compute, rel=1e-9)
+    assert got["exposed_forward"] == []
+
+
 def test_hidden_share_leaves_the_blocking_all_reduces_out():
     """own_fsdp_timeline.hidden_fraction: overlapping computations count once; an all-reduce
     inside a unit's compute window is not computation."""

@@ -105,7 +105,7 @@ def simulate(units: list[dict], world: int, overlap: bool, node=GPU_NODE) -> dic
     comm = 2 * sum(gather.values()) + sum(reduce.values())
     hidden = max(0.0, comm - sum(sum(v.values()) for v in exposed.values()))
     return {"forward_s": forward_s, "step_s": state["t"], "backward_s": state["t"] - forward_s,
-            "comm_s": comm, "exposed_s": exposed, "hidden_fraction": hidden / comm,
+            "comm_s": comm, "exposed_s": exposed, "hidden_fraction": hidden / comm if comm else 0.0,
             "gather_s": gather, "reduce_s": reduce,
             "compute_s": {n: (unit_of[n]["fwd_flops"] + unit_of[n]["bwd_flops"]) / node["flops"] for n in names}}
 
