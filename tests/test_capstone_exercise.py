@@ -97,6 +97,17 @@ def returns_rank_mean(model, x, y, mesh):         # the gradients right, a per-r
     return train_step(model, x, y, mesh) * mesh["dp"].size() * mesh["cp"].size()
 
 
+def not_context_parallel(model, x, y, mesh):     # the gradients right, but every cp rank runs its samples whole
+    xs, ys = piece((x, y), mesh["dp"].get_local_rank(), mesh["dp"].size())
+    count = global_token_count([ys], mesh["dp"].get_group())
+    loss = global_token_loss(model(xs), ys, count) / mesh["cp"].size()
+    loss.backward()
+    for p in model.parameters():
+        for group in _groups(mesh):
+            dist.all_reduce(p.grad, group=group)
+    return loss
+
+
 def raises(model, x, y, mesh):
     raise RuntimeError("forgot the groups")
 
@@ -151,7 +162,7 @@ def test_reference_passes_and_wrong_answers_are_named(tmp_path):
     got = exercises.diagnose([train_step, one_flat_all_reduce, notebook_function(tmp_path),
                               exercises.handed_step, over_dp_only, over_cp_only, averaged,
                               local_count, raises, count_over_world, over_world,
-                              returns_nothing, returns_rank_mean])
+                              returns_nothing, returns_rank_mean, not_context_parallel])
     for ok, line in got[:3]:
         assert ok and line.startswith("correct"), line
     expected = [("wrong where it is", "every parameter but layers.*.attn.wk.weight"),
@@ -159,7 +170,8 @@ def test_reference_passes_and_wrong_answers_are_named(tmp_path):
                 ("divided by the number of ranks",), ("on every mesh",), ("forgot the groups",),
                 ("inside a larger job", "0.5 x one process's"),
                 ("inside a larger job", "hold gradients of other weights"),
-                ("returned losses do not add up",), ("returned losses do not add up",)]
+                ("returned losses do not add up",), ("returned losses do not add up",),
+                ("every gradient is right", "2 x 2 mesh", "2 x the batch's tokens")]
     for (ok, line), words in zip(got[3:], expected, strict=True):
         assert not ok and "\n" not in line and all(w in line for w in words), (words, line)
 

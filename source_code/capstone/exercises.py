@@ -13,7 +13,8 @@ and writes ``train_step(model, x, y, mesh)`` whose gradients equal one process's
 meshes of every rank (2 x 2, 1 x 4, 4 x 1) and on dp x cp meshes inside a larger job (2 x 1 and
 1 x 2, each copied on 2 ranks that hold the same tokens but other weights, as tensor-parallel
 ranks hold other shards), on samples the notebook never shows (CHECK_SEED; the report's are
-DATA_SEED's). A function defined in a notebook cell cannot be pickled, so its source is sent and
+DATA_SEED's), and counts the tokens the ranks' MLPs and head ran on (once each in a dp x cp step:
+equal gradients alone do not show that the step split the samples and the sequence). A function defined in a notebook cell cannot be pickled, so its source is sent and
 executed there, with the modules, importable objects, plain values (numbers, strings, and
 tuples, lists, sets and dicts of them), functools.partial objects and the notebook's own helper
 functions its code names.
@@ -21,6 +22,7 @@ Reference: source_code/solutions/nb19_capstone.py.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -101,7 +103,8 @@ def copy_model(path, copy: int):
 def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) -> list[dict]:
     """On every rank: one ``train_step`` per (dp, cp, copies) mesh from the seed (this rank's
     copy's weights); per mesh {"dp", "cp", "copies", "diffs": {parameter: max |grad - one
-    process with the same weights| over all ranks}, "scale": max |one-process grad|, "factor"}."""
+    process with the same weights| over all ranks}, "scale": max |one-process grad|, "factor",
+    "tokens": the ranks' MLP and head tokens per token of the batch}."""
     x, y = seed.batches(1, 8, data_seed)[0]
     refs = {}
     out = []
@@ -114,6 +117,7 @@ def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) 
             refs[copy] = {n: p.grad for n, p in reference.named_parameters()}, ref_loss.item()
         ref, ref_loss = refs[copy]
         model = copy_model(path, copy)
+        rows = count_rows(model)
         returned = train_step(model, x, y, grid)
         named = dict(model.named_parameters())
         diffs = torch.tensor([(named[n].grad - r).abs().max().item() if named[n].grad is not None
@@ -123,8 +127,31 @@ def one_step_diffs(path, train_step, meshes=MESHES, data_seed: int = DATA_SEED) 
         dist.all_reduce(scale, op=dist.ReduceOp.MAX)
         out.append({"dp": dp, "cp": cp, "copies": copies, "diffs": dict(zip(ref, diffs.tolist())),
                     "scale": scale.item(), "loss_diff": _loss_diff(returned, ref_loss / (dp * cp)),
-                    "factor": _factor(named, ref)})
+                    "factor": _factor(named, ref), "tokens": _tokens_run(rows, copies * x.numel())})
     return out
+
+
+def count_rows(model) -> dict:
+    """{module: tokens (rows) its forward calls took in}, counted by hooks on the modules that
+    act on each token alone and must run on every token once (the MLPs and the head)."""
+    rows = {}
+    for name, module in model.named_modules():
+        if name == "head" or name.endswith(".mlp"):
+            rows[name] = 0
+            module.register_forward_hook(functools.partial(_add_rows, rows, name))
+    return rows
+
+
+def _add_rows(rows: dict, name: str, module, args, output) -> None:
+    rows[name] += args[0].numel() // args[0].shape[-1]
+
+
+def _tokens_run(rows: dict, tokens: int) -> float:
+    """The most tokens any counted module ran on, over all ranks, per token of the batch (1.0
+    where every rank ran only its own tokens; more where ranks ran the same tokens twice)."""
+    total = torch.tensor(list(rows.values()), dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.max().item() / tokens
 
 
 def _loss_diff(returned, share: float) -> float:
@@ -224,6 +251,12 @@ def verdict(result, tol: float = TOL) -> tuple[bool, str]:
             return False, f"{where}: the gradients are {lo:.2g} x one process's there"
         return False, (f"{where}: the gradients there are not one process's times a number, "
                        "they hold gradients of other weights")
+    twice = [m for m in result if m["tokens"] > 1]
+    if twice:
+        m = twice[0]
+        return False, (f"every gradient is right, but on the dp x cp = {m['dp']} x {m['cp']} mesh "
+                       f"the ranks ran the MLPs and the head on {m['tokens']:g} x the batch's "
+                       "tokens: a dp x cp step runs each token on one rank of the mesh")
     if not all(m["loss_diff"] <= LOSS_RTOL for m in result):
         return False, ("every gradient is right, but the returned losses do not add up over the "
                        "ranks to one process's loss: return this rank's loss (its share of the sum "
