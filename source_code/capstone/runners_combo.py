@@ -1,9 +1,8 @@
 """Combinations on a 2 x 2 mesh of the 4 ranks (the last dimension varies fastest).
 
 * "FSDP x TP": mesh.tp.build_2d (notebook 12): DTensor TP on "tp", FSDP2 on "dp";
-* "DP x CP": notebook 13's training step (context_parallel.model_step): each dp group its half
-  of the samples, each cp rank its tokens of them, ring attention; the count and the gradients
-  over the dp x cp ranks, named as a group (runner.flat_group), not the whole job;
+* "DP x CP": notebook 13's training step (context_parallel.model_step) on the (dp, cp) mesh:
+  each dp group its half of the samples, each cp rank its tokens of them, ring attention;
 * "EP x DP": the MoE model, experts split over "ep", copies of them over "dp" (notebook 14);
 * "PP x DP": two 2-stage 1F1B pipelines (own schedule), each on half the samples, each
   stage's gradients summed with its copy in the other pipeline.
