@@ -4,11 +4,14 @@ The scripts' own launches under torchrun are tested where torchrun is the point 
 the CLI, the restart drills); here a script's flags, checks, seed, training and output run on
 forks of a process that has imported torch already, without a second launch's imports. The
 script's ``init_process_group`` and ``destroy_process_group`` do nothing (spawn formed the group
-and ends it), and its ``whoami`` answers with the group that is there.
+and ends it), and its ``whoami`` answers with the group that is there; a script that joins through
+``distributed.session`` gets the group that is there, seeded as the session would seed it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 
 import torch.distributed
 
@@ -32,6 +35,27 @@ def main_in_group(module: str, *argv):
     script.dist = GroupFormed()
     script.whoami = lambda launch_hint: (distributed.context(), None)
     return script.main(list(argv))
+
+
+@contextlib.contextmanager
+def _formed_session(launch_hint=None, allow_single=False, seed=None):
+    from source_code import distributed
+    ctx = distributed.context()
+    if seed is not None:
+        distributed.seed_everything(seed, ctx.rank)
+    yield ctx
+
+
+def session_main(module: str, *argv) -> tuple[int, str]:
+    """A script whose main() joins with ``with session(...) as ctx:`` (sharding, mesh, ...):
+    (its exit status, what this rank printed). The output is returned, not read from the
+    test's stdout: spawn's fork server keeps the stdout of the test that started it."""
+    script = importlib.import_module(module)
+    script.session = _formed_session
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = script.main([str(a) for a in argv])
+    return code, out.getvalue()
 
 
 def ddp_main(*argv):

@@ -1,12 +1,17 @@
 """The 2D training script: flags checked against the launch before any work, a real 2 x 2 run."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from source_code.distributed import LaunchError
 from source_code.mesh import train_2d
+from source_code.processes import spawn
 from source_code.training.loop import parse_summary
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
 
 
 def env(world, local=None):
@@ -43,9 +48,12 @@ def test_bad_flag_exits_2_with_one_line_before_any_process_group():
 
 
 @pytest.mark.parity
-def test_2d_training_on_4_processes_learns(torchrun):
-    out = torchrun("source_code.mesh.train_2d", "--tp", "2", "--steps", "10", nproc=4).stdout
-    assert "terminate called" not in out
+def test_2d_training_on_4_processes_learns():
+    """train_2d's main on 4 forked ranks (its torchrun launches: notebook 12's Slurm lines)."""
+    ranks = spawn(spawned_main.session_main, 4, "source_code.mesh.train_2d", "--tp", 2, "--steps", 10,
+                  stream=False)
+    assert [code for code, _ in ranks] == [0] * 4
+    out = "".join(printed for _, printed in ranks)
     assert "tp group [0, 1] on" in out and "tp group [2, 3] on" in out
     assert out.count("summary:") == 1 and out.count("step   10/10") == 1   # rank 0 prints
     s = parse_summary(out)

@@ -3,11 +3,16 @@
     python -m pytest tests/test_sharding_damaged_checkpoint.py
 """
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from source_code.checkpoint import CheckpointMismatch
 from source_code.sharding import checkpointing
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
 
 TRAIN = "source_code.sharding.train"
 TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--max-steps", "1"]
@@ -15,10 +20,12 @@ TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--max-steps", "1"]
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A 2-rank checkpoint of one step (written once for the module)."""
-    from source_code.processes import torchrun
+    """A 2-rank checkpoint of one step (written once for the module, by the script's main on
+    forked ranks; the resumes below run under torchrun)."""
+    from source_code.processes import spawn
     ck = tmp_path_factory.mktemp("dcp") / "ck"
-    torchrun(TRAIN, *TINY, "--epochs", 1, "--checkpoint", ck, nproc=2)
+    ranks = spawn(spawned_main.session_main, 2, TRAIN, *TINY, "--epochs", 1, "--checkpoint", ck, stream=False)
+    assert [code for code, _ in ranks] == [0, 0], ranks
     assert checkpointing.verify(ck) == checkpointing.latest(ck)   # intact: no complaint
     return ck
 

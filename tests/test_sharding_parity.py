@@ -1,19 +1,22 @@
 """Sharding on real processes: ZeRO-1/2, ZeroRedundancyOptimizer, FSDP2 vs one process; the memory ratio."""
 import re
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
 
 pytestmark = pytest.mark.parity
 
 
-def _clean(out: str) -> None:
-    assert "terminate called" not in out, out[-2000:]
-
-
-@pytest.mark.parametrize("nproc", [4])  # 2 processes: notebook 09 runs it and asserts the same
-def test_parity_with_one_process(torchrun, nproc):
-    out = torchrun("source_code.sharding.parity", "--steps", "3", nproc=nproc).stdout
-    _clean(out)
+@pytest.mark.parametrize("nproc", [4])  # 2 processes under torchrun: notebook 09 runs it and asserts the same
+def test_parity_with_one_process(nproc):
+    from source_code.processes import spawn
+    ranks = spawn(spawned_main.session_main, nproc, "source_code.sharding.parity", "--steps", 3, stream=False)
+    assert [code for code, _ in ranks] == [0] * nproc
+    out = ranks[0][1]
     diffs = dict(re.findall(r"parity: impl=(\w+) world_size=\d+ device=\S+ steps=3 max_abs_diff=(\S+)", out))
     assert set(diffs) == {"zero1", "zero2", "torch_zero", "fsdp"}, out[-1500:]
     assert all(float(d) <= 1e-6 for d in diffs.values()), diffs
