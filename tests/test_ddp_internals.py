@@ -1,10 +1,15 @@
 """The hand-made DDPs: bucket layout, equality with torch's DDP, no_sync accumulation."""
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from torch import nn
 
 from source_code.ddp_internals.bucketed import make_buckets
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
 
 
 def test_buckets_reverse_order_and_size():
@@ -21,8 +26,13 @@ def test_buckets_reverse_order_and_size():
         make_buckets(params, 0)
 
 
-def test_naive_bucketed_and_torch_ddp_agree(torchrun):
-    out = torchrun("source_code.ddp_internals.compare", "--steps", "8", "--warmup", "2", nproc=2).stdout
+def test_naive_bucketed_and_torch_ddp_agree():
+    """compare's main on 2 forked ranks (under torchrun: notebook 05)."""
+    from source_code.processes import spawn
+    ranks = spawn(spawned_main.session_main, 2, "source_code.ddp_internals.compare", "--steps", 8, "--warmup", 2,
+                  stream=False)
+    assert [code for code, _ in ranks] == [0, 0]
+    out = ranks[0][1]
     diffs = [float(d) for d in re.findall(r"max_abs_diff\[[\w-]+\]=(\S+)", out)]
     assert len(diffs) == 10 and max(diffs) <= 1e-5  # 5 implementations, every pair
     times = dict(re.findall(r"compare: impl=([\w-]+) median_ms=(\S+)", out))

@@ -1,9 +1,15 @@
 """The parameter server trains the digits CNN to the same weights as DDP; the collectives demo."""
+import sys
+from pathlib import Path
+
 import pytest
 
 from source_code.processes import spawn
 from source_code.sync import collectives
 from source_code.sync.harness import ps_vs_ddp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
 
 
 @pytest.mark.parity
@@ -27,8 +33,9 @@ def test_collectives_outputs_on_four_processes():
     assert "(undefined" in collectives.table(results, "reduce")
 
 
-def test_parameter_server_script_under_torchrun():
-    from source_code.processes import torchrun
-    res = torchrun("source_code.sync.parameter_server", "--steps", "2", nproc=3)
-    summary = [ln for ln in res.stdout.splitlines() if ln.startswith("summary:")]
-    assert len(summary) == 1 and "workers=2" in summary[0] and "steps=2" in summary[0], res.stdout
+def test_parameter_server_script_on_three_ranks():
+    """The script's main on 3 forked ranks (under torchrun: notebook 02's Slurm line)."""
+    ranks = spawn(spawned_main.session_main, 3, "source_code.sync.parameter_server", "--steps", 2, stream=False)
+    printed = "".join(out for _, out in ranks)
+    summary = [ln for ln in printed.splitlines() if ln.startswith("summary:")]
+    assert len(summary) == 1 and "workers=2" in summary[0] and "steps=2" in summary[0], printed
