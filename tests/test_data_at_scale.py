@@ -18,6 +18,9 @@ from source_code.data_at_scale.drills import count
 from source_code.data_at_scale.exercise import check_rank_batches, problem
 from source_code.solutions.nb20_data_at_scale import PAD, rank_batches
 
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -319,15 +322,23 @@ def test_the_report_ends_with_the_notebooks_summary_line():
     assert s["resume_repeated"] == s["resume_missing"] == "0" and int(s["sampler_resume_repeated"]) > 0, s
 
 
-def test_the_training_stops_on_two_processes_and_resumes_on_one_exactly_once(tmp_path, torchrun):
+def test_the_training_stops_on_two_processes_and_resumes_on_one_exactly_once(tmp_path):
+    """The script's main on 2 forked ranks, then on 1 (under torchrun: notebook 20's Slurm lines)."""
+    from source_code.processes import spawn
     formats.write_shards(formats.make_samples(300), tmp_path, per_shard=64)
     args = ["--shards", tmp_path / "shards", "--stage-dir", tmp_path / "stage-{node}", "--checkpoint",
             tmp_path / "snap.pt", "--log-dir", tmp_path / "logs", "--global-batch", "24", "--epochs", "2"]
-    first = torchrun("source_code.data_at_scale.train", *args, "--stop-after-steps", "5", nproc=2, device="cpu")
-    assert _summary(first.stdout) == {"world_size": "2", "stopped_at": "120", "epoch": "0", "samples": "300"}
-    second = torchrun("source_code.data_at_scale.train", *args, "--resume", nproc=1, device="cpu")
-    s = _summary(second.stdout)
-    assert "resumed: world_size=1 from a snapshot of world_size=2 at epoch 1, sample 120 of 300" in second.stdout
+
+    def launch(nproc, *more):
+        ranks = spawn(spawned_main.session_main, nproc, "source_code.data_at_scale.train", *args, *more,
+                      device="cpu", stream=False)
+        assert [code for code, _ in ranks] == [0] * nproc, ranks
+        return "".join(out for _, out in ranks)
+    first = launch(2, "--stop-after-steps", 5)
+    assert _summary(first) == {"world_size": "2", "stopped_at": "120", "epoch": "0", "samples": "300"}
+    second = launch(1, "--resume")
+    s = _summary(second)
+    assert "resumed: world_size=1 from a snapshot of world_size=2 at epoch 1, sample 120 of 300" in second
     assert (s["epochs"], s["launches"], s["repeated"], s["missing"], s["steps_equal"]) == ("2", "2", "0", "0", "1"), s
 
 
