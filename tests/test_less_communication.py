@@ -6,10 +6,9 @@ summary line (the goals) once; the method names; fragments; the 4-bit format and
 accumulation of low-precision sends; the link model and the crossover arithmetic; the floor
 of the markov task. The notebook itself (every run and its asserts) runs under nbval."""
 import math
-import os
 import re
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,11 @@ from source_code.errors import LaunchError
 from source_code.less_communication import (compression, exercises, harness, links, local_sgd, lowbit, payoff,
                                             streaming, tasks, train)
 from source_code.less_communication.exercises import ExerciseFailed, check_outer_step
+from source_code.processes import spawn
 from source_code.solutions.nb18_less_communication import outer_step
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spawned_main  # noqa: E402  tests/: an entry point's main in a rank of processes.spawn
 
 TORCHRUN = dict(RANK="0", WORLD_SIZE="2")
 
@@ -352,13 +355,12 @@ def test_entry_point_runs_and_its_summary_line_adds_up():
     plain steps, PowerSGD's loss gap and G are the printed losses' gaps, D is 1/H. About 10 s on 2 cores."""
     flags = {"steps": 40, "pretrain": 10, "every": 20, "batch": 8}
     s = harness.settings_with(**flags)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "source_code.less_communication.train", "--goals-only"]
-    cmd += [arg for k, v in flags.items() for arg in (f"--{k}", str(v))]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    lines = res.stdout.strip().splitlines()
+    argv = ["--goals-only", *[arg for k, v in flags.items() for arg in (f"--{k}", str(v))]]
+    # the main on 2 forked ranks (under torchrun: notebook 18's Slurm line)
+    ranks = spawn(spawned_main.session_main, 2, "source_code.less_communication.train", *argv,
+                  device="cpu", stream=False, timeout=600)
+    assert [code for code, _ in ranks] == [0, 0], ranks
+    lines = ranks[0][1].strip().splitlines()
     last = lines[-1]
     m = re.search(r"^summary: .*methods=4 steps=40 pretrain=10 .* task=sort .*powersgd_bytes_ratio=(\S+) "
                   r"powersgd_loss_gap=(\S+) diloco_bytes_ratio=(\S+) diloco_loss_gap=(\S+) diloco_excess_gap=(\S+)$", last)
