@@ -206,3 +206,21 @@ def test_portable_carries_plain_values_and_partials_not_notebook_objects(tmp_pat
     path.write_text("class Box:\n    pass\n\nBOX = Box()\n\ndef f():\n    return BOX\n")
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     assert "BOX" not in portable(namespace["f"])[2]      # an object of the notebook's own class
+
+
+def test_a_forward_recomputed_in_the_backward_is_not_counted_again():
+    """A right step that checkpoints its activations runs the MLPs' forward again in the
+    backward: those tokens ran already, and the count keeps them once."""
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Module()])
+    model.layers[0].mlp = nn.Linear(4, 4)
+    model.head = nn.Linear(4, 3)
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    for reentrant in (False, True):   # torch's two ways of recomputing
+        rows = exercises.count_rows(model)
+        block = lambda t: torch.tanh(model.layers[0].mlp(torch.tanh(t)))   # noqa: E731  an inner tensor to recompute
+        h = checkpoint(block, x, use_reentrant=reentrant)
+        model.head(h).sum().backward()
+        assert rows == {"layers.0.mlp": 10, "head": 10}, (reentrant, rows)

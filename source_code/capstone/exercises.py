@@ -14,7 +14,10 @@ meshes of every rank (2 x 2, 1 x 4, 4 x 1) and on dp x cp meshes inside a larger
 1 x 2, each copied on 2 ranks that hold the same tokens but other weights, as tensor-parallel
 ranks hold other shards), on samples the notebook never shows (CHECK_SEED; the report's are
 DATA_SEED's), and counts the tokens the ranks' MLPs and head ran on (once each in a dp x cp step:
-equal gradients alone do not show that the step split the samples and the sequence). A function defined in a notebook cell cannot be pickled, so its source is sent and
+equal gradients alone do not show that the ranks shared the tokens out rather than each running
+them all; the count does not tell a split by sample from a split of the sequence, and a forward
+that activation checkpointing runs again in the backward is not counted). A function defined in
+a notebook cell cannot be pickled, so its source is sent and
 executed there, with the modules, importable objects, plain values (numbers, strings, and
 tuples, lists, sets and dicts of them), functools.partial objects and the notebook's own helper
 functions its code names.
@@ -143,7 +146,14 @@ def count_rows(model) -> dict:
 
 
 def _add_rows(rows: dict, name: str, module, args, output) -> None:
+    if _in_backward():     # activation checkpointing's recomputation: these tokens ran already
+        return
     rows[name] += args[0].numel() // args[0].shape[-1]
+
+
+def _in_backward() -> bool:
+    graph_task = getattr(torch._C, "_current_graph_task_id", None)   # -1 outside autograd's backward
+    return graph_task is not None and graph_task() != -1
 
 
 def _tokens_run(rows: dict, tokens: int) -> float:
