@@ -117,8 +117,10 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-# a requeued job waits for its begin time, then for the next scheduling pass (default every 60 s)
-SchedulerParameters=sched_interval=5,bf_interval=5
+# a requeued job waits for its begin time, then for the next scheduling pass (default every 60 s);
+# a job that ends frees its node for the next at once, not after up to 3 s (batch_sched_delay):
+# the tests submit dozens of short jobs one after another
+SchedulerParameters=sched_interval=5,bf_interval=5,batch_sched_delay=0,sched_min_interval=0
 MpiDefault=none
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none

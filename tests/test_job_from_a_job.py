@@ -33,7 +33,8 @@ def test_a_job_submitted_from_a_lab_jobs_terminal_runs(cluster, tmp_path):
     env = {**after_site_step(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            # what a lab job's terminal has: its own memory request, per CPU and per node
            "SLURM_MEM_PER_CPU": "1000", "SLURM_MEM_PER_NODE": "2000",
-           "TRAIN_MODULE": "source_code.launch.sync_check"}
+           # the steps the job starts are what is refused or not, not the training in them
+           "TRAIN_MODULE": "source_code.launch.whoami"}
     job = slurm_cluster.run_job(ROOT / "slurm" / "ddp_single_node.slurm", env=env, cwd=ROOT,
                                 sbatch_args=["-o", f"{tmp_path}/%x-%j.out"], timeout=150)
     print(job.output[-3000:])

@@ -35,6 +35,7 @@ import dataset_files  # noqa: E402
 
 from source_code.course_plan import sbatch_lines  # noqa: E402
 from source_code.launch import jobs, site_profiles  # noqa: E402
+from source_code.training.loop import parse_summary  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +61,16 @@ EXPECT = {"source_code.pipeline.train": [", 2 nodes", "summary: world_size=4 epo
           "FRAMEWORK=accelerate": ["accelerate (MULTI_CPU)", "summary: world_size=4"],
           "LAUNCHER=accelerate": ["accelerate.commands.launch --multi_gpu --num_machines 2 --machine_rank"],
           "LAUNCHER=srun": ["world_size=2 (1 node(s) x 2), launched by srun"]}
+# what the job of one line, exactly as printed, must also show (job id -> needles)
+EXACT = {
+    # notebook 05's multi-node line: one rendezvous over both nodes, one torchrun per node
+    "sbatch slurm/ddp_multinode.slurm": lambda job_id: [
+        f"rendezvous c10d at n1:{20000 + int(job_id) % 10000} id {job_id}, 2 nodes",
+        "launch: srun --kill-on-bad-exit=1 --ntasks-per-node=1 ", "summary: world_size=4 epochs=2"],
+    # notebook 12's 2D job: TP inside each node, FSDP2 across the two (the tp groups are read below)
+    "sbatch slurm/tp_dp_2d.slurm": lambda job_id: [
+        "mesh: dp=2 x tp=2, tp inside each of 2 nodes", "summary: world_size=4", " dp=2 tp=2 steps=6 "],
+}
 # lines that need a GPU: on the CPU cluster the job must stop at once with this one line
 NEEDS_GPU = {"--snapshot": "needs a GPU"}
 
@@ -254,3 +265,9 @@ def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
         if key in cmd:
             for needle in needles:
                 assert needle in job.output, f"{LINES[cmd]}: no {needle!r} in\n{job.output[-3000:]}"
+    for needle in EXACT.get(cmd, lambda _: [])(job.id):
+        assert needle in job.output, f"{LINES[cmd]}: no {needle!r} in\n{job.output[-3000:]}"
+    if cmd == "sbatch slurm/tp_dp_2d.slurm":   # one tp group per node, each inside its node
+        groups = re.findall(r"tp group \[(\d+), (\d+)\] on (\S+)$", job.output, re.M)
+        assert sorted(host for *_, host in groups) == ["n1", "n2"], job.output[-3000:]
+        assert parse_summary(job.output)["loss"] < 3.0, job.output[-3000:]

@@ -58,21 +58,10 @@ def test_srun_one_task_per_gpu_without_torchrun(submit):
     assert_in_sync(job.output, world=2, nodes=1)
 
 
-def test_multinode_rendezvous_spans_both_nodes_with_calculator_header(submit):
-    # resources from the calculator, as a user would pass them: 4 "GPUs" = 2 nodes x 2
-    job = submit("ddp_multinode.slurm", env=SYNC, sbatch_args=site_profiles.args("local", 4))
-    assert job.ok, job.output
-    found = ranks(job.output)
-    assert [r for r, *_ in found] == [0, 1, 2, 3] and {w for _, w, *_ in found} == {4}
-    assert sorted(n for *_, n, _ in found) == ["n1", "n1", "n2", "n2"]
-    assert f"rendezvous c10d at n1:{20000 + int(job.id) % 10000} id {job.id}, 2 nodes" in job.output
-    assert "launch: srun --kill-on-bad-exit=1 --ntasks-per-node=1 " in job.output
-    assert_in_sync(job.output, world=4, nodes=2)
-
-
 # the same multi-node script running other entry points (pipeline stages across both nodes,
 # FSDP2 over 4 ranks, the frameworks): the lines notebooks 09, 10 and 16 print, submitted by
 # tests/test_sbatch_lines.py
+
 
 def test_multinode_inside_a_container_with_the_host_told_explicitly(submit, tmp_path):
     # no container runtime installs here: a stand-in with apptainer's command line
@@ -84,8 +73,12 @@ def test_multinode_inside_a_container_with_the_host_told_explicitly(submit, tmp_
     image = tmp_path / "pytorch.sif"
     image.write_text("")
     env = {**SYNC, "WORKSHOP_CONTAINER": str(image), "CONTAINER_RUNTIME": str(runtime), "RDZV_IS_HOST": "yes"}
+    # resources from the calculator, as a user would pass them: 4 "GPUs" = 2 nodes x 2 (the
+    # plain line's rendezvous and launch lines: tests/test_sbatch_lines.py, notebook 05's line)
     job = submit("ddp_multinode.slurm", env=env, sbatch_args=site_profiles.args("local", 4))
     assert job.ok, job.output
+    found = ranks(job.output)
+    assert [r for r, *_ in found] == [0, 1, 2, 3] and {w for _, w, *_ in found} == {4}, job.output
     assert f"{runtime} exec --bind {ROOT} {image} torchrun" in job.output
     assert "--rdzv-conf=is_host=@IS_HOST@" in job.output  # per_node.sh: 1 on n1, 0 on n2
     assert sorted(n for *_, n, _ in ranks(job.output)) == ["n1", "n1", "n2", "n2"]
@@ -213,8 +206,9 @@ def test_the_site_step_with_a_reservation_submits_into_its_partition_and_nodes(s
         res = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, check=True)
         got = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if kv.startswith("SBATCH_"))
         assert (got["SBATCH_RESERVATION"], got["SBATCH_PARTITION"]) == (name, "course"), got
-        job = submit("ddp_single_node.slurm", "--epochs", "1", "--max-steps", "2",
-                     env={**got, "WORKSHOP_SITE": "local-gpu"})
+        # what runs does not matter here, only where: a module that reads its environment only
+        job = submit("ddp_single_node.slurm", env={**got, "WORKSHOP_SITE": "local-gpu",
+                                                   "TRAIN_MODULE": "source_code.launch.whoami"})
         assert job.ok and re.search(r"^job \d+ on n2: site local-gpu", job.output, re.M), job.output
         bad = subprocess.run([sys.executable, "-m", "source_code.launch.site_profiles", "--site", "local-gpu",
                               "--reservation", "no_such_course", "--format", "exports"],
