@@ -58,6 +58,15 @@ def session_main(module: str, *argv) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def main_output(module: str, *argv) -> tuple[int, str]:
+    """``main_in_group``'s (exit status, what this rank printed), for a script that joins through
+    ``whoami`` and ``init_process_group`` (returned, not read from the test's capture: see above)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main_in_group(module, *[str(a) for a in argv])
+    return code, out.getvalue()
+
+
 def ddp_main(*argv):
     """source_code.training.ddp's main."""
     return main_in_group("source_code.training.ddp", *argv)

@@ -3,8 +3,9 @@
 The path of a cluster course: an instructor prepares MNIST, CIFAR-10 and WikiText-2 once into a
 shared directory; every participant's job points WORKSHOP_DATA at it (no --data-dir), reads it
 and never writes into it. The files are small and generated, in the real on-disk formats
-(tests/dataset_files.py); the entry points are the real ones, under torchrun and as Slurm jobs
-on the local two-node cluster. At the end the directory is exactly as it was prepared.
+(tests/dataset_files.py); the entry points are the real ones: their main on two forked ranks
+(tests/spawned_main.py), under torchrun and as a Slurm job on the local two-node cluster. At the
+end the directory is exactly as it was prepared.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dataset_files  # noqa: E402
+import spawned_main  # noqa: E402
 
 from source_code.training.loop import parse_summary  # noqa: E402
 
@@ -75,11 +77,18 @@ def check_run(name: str, output: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["mnist", "wikitext2"])   # CIFAR-10: as a job, below
-def test_torchrun_trains_on_the_shared_read_only_copy(course_data, torchrun, name):
+def test_two_ranks_train_on_the_shared_read_only_copy(course_data, monkeypatch, name):
+    """The scripts' main on two forked ranks (the ranks get the environment of the call): what
+    they read and train on is the point here; the launch a job makes is the CIFAR-10 job's."""
+    from source_code.processes import spawn
     root, checksums = course_data
     module, args, _ = CASES[name]
-    res = torchrun(module, *args, env=env_for(root, checksums), timeout=300)
-    summary = check_run(name, res.stdout)
+    for key, value in env_for(root, checksums).items():
+        monkeypatch.setenv(key, value)
+    run = spawned_main.session_main if module == "source_code.sharding.train" else spawned_main.main_output
+    ranks = spawn(run, 2, module, *args, device="cpu", stream=False)
+    assert [code for code, _ in ranks] == [0, 0], ranks
+    summary = check_run(name, ranks[0][1])
     print(f"{name}: {summary}")
 
 
@@ -87,9 +96,9 @@ def test_torchrun_trains_on_the_shared_read_only_copy(course_data, torchrun, nam
 @pytest.mark.parametrize("name", ["cifar10"])
 def test_sbatch_trains_on_the_shared_read_only_copy(course_data, submit, name):
     """CIFAR-10 (ResNet-18) as a job: the job script starts another module than the DDP script
-    (TRAIN_MODULE) on the course directory. WikiText-2 is launched under torchrun above, the
-    same launch a job would make (notebook 06's `sbatch ... --dataset mnist` line runs in
-    tests/test_sbatch_lines.py against the same kind of directory)."""
+    (TRAIN_MODULE) on the course directory, launched as every job launches (notebook 06's
+    `sbatch ... --dataset mnist` line runs in tests/test_sbatch_lines.py against the same kind of
+    directory)."""
     root, checksums = course_data
     module, args, _ = CASES[name]
     job = submit("ddp_single_node.slurm", *args, env={**env_for(root, checksums), "TRAIN_MODULE": module},
