@@ -14,7 +14,9 @@ the README), so a line added, changed or mistyped there is what runs here. Each 
 printed, with three changes only a test needs: a real site's resources
 (`$(python -m source_code.launch.site_profiles --site S --gpus N --format args)`) become the
 `local` profile's for the same number of GPUs (at most the cluster's 4 slots), `$SCRATCH` a
-temporary directory, and sizes meant for GPUs (--dim 1024, --epochs 100, 256MiB ...) small ones.
+temporary directory, and sizes meant for GPUs (--dim 1024, --epochs 100, 256MiB ...) small ones;
+without the site step, a script that runs on the CPU on purpose starts its fewest processes
+(FEWEST below).
 WORKSHOP_DATA points at a course directory with MNIST and WikiText-2 in their real formats
 (tests/dataset_files.py), as a participant's environment would on a cluster.
 """
@@ -161,6 +163,14 @@ def on_the_cpu_on_purpose(cmd: str) -> bool:
     return CPU_ON_PURPOSE in (ROOT / script).read_text()
 
 
+# A script that runs on the CPU on purpose runs the same training with the site step or without
+# it (the step only adds GPUs it leaves alone): the line with the step runs as printed, and
+# without the step what is checked is the script's decision before its launch (allowed, and
+# said) and that a launch follows and ends, so the bare form starts the fewest processes the
+# script takes (the capstone's 2 x 4 processes: 2 x 1, data parallel)
+FEWEST = {"slurm/capstone.slurm": ({"NPROC_PER_NODE": "1"}, ["--dp", "2"])}
+
+
 @pytest.fixture(scope="module")
 def course_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("course-data")
@@ -191,6 +201,9 @@ def submitted(cluster, course_data, tmp_path_factory) -> dict:
         scratch.mkdir()
         try:
             env, options, script, args = local_form(cmd, scratch)
+            if not with_step and runs_a_job_script(cmd) and on_the_cpu_on_purpose(cmd):
+                more_env, more_args = FEWEST.get(str(Path(script).relative_to(ROOT)), ({}, []))
+                env, args = {**env, **more_env}, [*args, *more_args]
         except (ValueError, StopIteration) as err:   # that line's test fails, naming it; the others run
             out[cmd, with_step] = (None, f"the printed line cannot be read as a command: {err!r}", scratch)
             continue
