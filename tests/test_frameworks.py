@@ -138,35 +138,6 @@ def test_slurm_script_refuses_unknown_choices_before_anything_starts(root, env, 
 
 
 @pytest.mark.parity
-def test_lightning_reads_a_slurm_step_without_torchrun(root):
-    """Two processes with the variables srun gives its tasks (no torchrun): Lightning's
-    SLURMEnvironment forms the group of 2 and trains (the real thing: tests/test_slurm_frameworks.py)."""
-    import os
-    import subprocess
-    import sys
-
-    from source_code.distributed import free_port
-    from source_code.training.loop import parse_summary
-    common = dict(SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS_PER_NODE="2",
-                  SLURM_STEP_TASKS_PER_NODE="2", SLURM_TASKS_PER_NODE="2", SLURM_NNODES="1",
-                  SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0", SLURM_JOB_NAME="frameworks",
-                  SLURM_JOB_ID="4242", SLURM_NODELIST="localhost", SLURM_JOB_NODELIST="localhost",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-                  WORKSHOP_DEVICE="cpu")
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
-    procs = [subprocess.Popen([sys.executable, "-m", "source_code.frameworks.lightning_train",
-                               "--epochs", "1", "--max-steps", "3"], cwd=root, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env={**base, **common, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    assert "world_size=2 (1 node(s) x 2), launched by srun" in outs[0]
-    summary = parse_summary(outs[0])
-    assert (summary["world_size"], summary["steps"]) == (2, 3) and "terminate called" not in outs[0]
-
-
 def test_one_launch_output_splits_into_one_result_per_run():
     """side_by_side prints ``run: LABEL`` before each run and ``run_seconds`` after it (rank 0);
     the other rank's lines may come anywhere and are kept with the run they fall in."""

@@ -62,7 +62,9 @@ EXPECT = {"source_code.pipeline.train": [", 2 nodes", "summary: world_size=4 epo
           "FRAMEWORK=deepspeed": ["deepspeed ZeRO-3", "rendezvous c10d at n1:", "summary: world_size=4"],
           "FRAMEWORK=accelerate": ["accelerate (MULTI_CPU)", "summary: world_size=4"],
           "LAUNCHER=accelerate": ["accelerate.commands.launch --multi_gpu --num_machines 2 --machine_rank"],
-          "LAUNCHER=srun": ["world_size=2 (1 node(s) x 2), launched by srun"]}
+          # Lightning's SLURMEnvironment forms the group from srun's variables, no torchrun
+          "LAUNCHER=srun": ["world_size=2 (1 node(s) x 2), launched by srun", "summary: world_size=2 ",
+                            " steps=4 "]}
 # what the job of one line, exactly as printed, must also show (job id -> needles)
 EXACT = {
     # notebook 05's multi-node line: one rendezvous over both nodes, one torchrun per node
@@ -278,6 +280,8 @@ def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
         if key in cmd:
             for needle in needles:
                 assert needle in job.output, f"{LINES[cmd]}: no {needle!r} in\n{job.output[-3000:]}"
+    if runs_a_job_script(cmd):   # ended cleanly, not only with exit status 0
+        assert "terminate called" not in job.output, job.output[-3000:]
     for needle in EXACT.get(cmd, lambda _: [])(job.id):
         assert needle in job.output, f"{LINES[cmd]}: no {needle!r} in\n{job.output[-3000:]}"
     if cmd == "sbatch slurm/tp_dp_2d.slurm":   # one tp group per node, each inside its node

@@ -41,12 +41,7 @@ def assert_in_sync(output: str, world: int, nodes: int) -> dict:
     return res
 
 
-def test_single_node_torchrun_every_rank_reports_and_matches_reference(submit):
-    job = submit("ddp_single_node.slurm", env=SYNC)
-    assert job.ok, job.output
-    assert ranks(job.output) == [(0, 2, "n1", "torchrun"), (1, 2, "n1", "torchrun")] or \
-        ranks(job.output) == [(0, 2, "n2", "torchrun"), (1, 2, "n2", "torchrun")]
-    assert_in_sync(job.output, world=2, nodes=1)
+# a single-node torchrun job (every rank reports, in sync): tests/test_job_from_a_job.py
 
 
 def test_srun_one_task_per_gpu_without_torchrun(submit):
