@@ -67,7 +67,9 @@ def test_costs_count_the_bytes_dataparallel_moves():
 
 def test_threads_do_not_speed_up_interpreter_bound_work():
     gil = costs.gil_cost(units=4000, rounds=5)  # back to back, 5 times: medians of the rounds
-    assert gil["threads_speedup"] < 1.4, gil
+    # against the serial work's CPU time: a neighbour on the cores can only lower it (the wall-clock
+    # speedup can rise on a busy machine, whose scheduler gives two threads more than one)
+    assert gil["threads_speedup_on_cpu"] < 1.4, gil
 
 
 def test_same_work_decides_from_paired_cpu_times_one_disturbed_step_cannot_tip_it():
