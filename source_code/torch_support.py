@@ -39,7 +39,7 @@ ENTRY_POINTS = [
     ("06", T, 2, "source_code.launch.sync_check", ""),
     ("06", P, 1, "source_code.launch.node_layouts", ""),
     ("06", P, 1, "source_code.training.loader_workers", "--epochs 1"),
-    ("06 15", T, 2, "source_code.profiling.hang", "--timeout 5 --trace-dir TMP/hang"),  # see EXPECT
+    ("15", T, 2, "source_code.profiling.hang", "--timeout 5 --trace-dir TMP/hang"),  # see EXPECT
     ("07", T, 2, "source_code.training.ddp_fault_tolerant", "--epochs 2 --checkpoint TMP/snap.pt --snapshot-every 5"),
     ("08", P, 1, "source_code.memory.report", "--repeats 2"),
     ("09", T, 2, "source_code.sharding.parity", "--steps 2"),

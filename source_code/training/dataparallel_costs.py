@@ -41,18 +41,23 @@ def _sync():
 
 
 def replicate_cost(model, n_devices: int, repeats: int = 20) -> dict:
-    """Bytes copied per step to give ``n_devices - 1`` other devices the weights, and the time."""
-    params = [p.detach() for p in model.parameters()] + [b for b in model.buffers()]
-    nbytes = sum(t.numel() * t.element_size() for t in params) * (n_devices - 1)
+    """Bytes copied per step to give ``n_devices - 1`` other devices the weights (counted on the
+    copies one step makes), and the time."""
     if torch.cuda.device_count() >= n_devices:  # the real thing
         from torch.nn.parallel import replicate
         devices = list(range(n_devices))
         model = model.to("cuda:0")
         ms = _median_ms(lambda: (replicate(model, devices), _sync()), repeats)
+        # a replica's weights are plain tensors (no longer parameters), listed for DDP per module
+        copies = [t for r in replicate(model, devices)[1:] for m in r.modules()
+                  for t in (*m._former_parameters.values(), *m._buffers.values()) if t is not None]
         how = f"torch.nn.parallel.replicate to {n_devices} GPUs"
     else:
+        params = [p.detach() for p in model.parameters()] + [b for b in model.buffers()]
         ms = _median_ms(lambda: [[t.clone() for t in params] for _ in range(n_devices - 1)], repeats)
+        copies = [t.clone() for _ in range(n_devices - 1) for t in params]
         how = f"clones of every weight for {n_devices - 1} other device(s) (no GPUs here)"
+    nbytes = sum(t.numel() * t.element_size() for t in copies)
     return {"bytes": nbytes, "ms": ms, "how": how}
 
 
@@ -126,7 +131,9 @@ def same_work(times, base, margin: float = SAME_WORK) -> bool:
 
 
 def small_ops(units: int) -> float:
-    """Interpreter-bound work: many tiny tensor operations, like a deep model of small layers."""
+    """Interpreter-bound work: many tiny tensor operations, like a deep model of small layers.
+    Each operation lets go of the GIL while its kernel runs and takes it back after, so two
+    threads of it hand the lock back and forth twice an operation."""
     torch.set_num_threads(1)
     a, b = torch.ones(8, 8), torch.full((8, 8), 0.5)
     for _ in range(units):
@@ -134,31 +141,41 @@ def small_ops(units: int) -> float:
     return float(a.sum())
 
 
-def _in_process(units: int, queue) -> None:
-    queue.put(small_ops(units))
+def python_ops(units: int) -> float:
+    """Work for the interpreter alone, about as long as small_ops(units): the GIL is held
+    throughout, except where the interpreter itself hands it to another thread."""
+    total = 0
+    for i in range(25 * units):
+        total += i * i % 7
+    return float(total)
 
 
-def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5) -> dict:
-    """Seconds for ``workers`` x ``units`` of small_ops: one after another, in threads, in
+def _in_process(work, units: int, queue) -> None:
+    queue.put(work(units))
+
+
+def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_ops) -> dict:
+    """Seconds for ``workers`` x ``units`` of ``work``: one after another, in threads, in
     processes; the three back to back in each of ``rounds`` rounds. Times are medians over the
     rounds; each speedup is the median over the rounds of that round's serial time over its
     threaded (or multi-process) time, so a busy spell of the machine slows both sides of it.
-    On a busy machine the two sides are not slowed alike: the scheduler shares the cores by
-    thread, so two threads get more of them than one. ``threads_speedup_on_cpu`` divides the
-    serial work's CPU seconds (what it costs on a core of its own, which other programs do not
-    add to) by the threads' wall time: the most the threads could have gained, which other
-    programs can only lower; threads that ran in parallel would show ``workers``."""
-    small_ops(1000)  # warm-up
+    With ``python_ops`` one thread runs at a time and the other sleeps until it gets the lock,
+    so the threads get the same share of a busy machine as the serial run and their speedup
+    stays near 1 under any load (2 if they ran in parallel on 2 free cores). With
+    ``small_ops`` both threads are often runnable at once (one holds the lock, the other runs
+    a kernel without it): their hand-offs cost more than they overlap on free cores, and on a
+    busy machine, whose scheduler shares the cores by thread, they get more of it than one
+    thread, so their speedup depends on the load."""
+    work(1000)  # warm-up
     ctx = mp.get_context("fork")
-    serial, serial_cpu, threaded, processes = [], [], [], []
+    serial, threaded, processes = [], [], []
     for _ in range(rounds):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         for _ in range(workers):
-            small_ops(units)
+            work(units)
         serial.append(time.perf_counter() - t0)
-        serial_cpu.append(time.process_time() - c0)
 
-        threads = [threading.Thread(target=small_ops, args=(units,)) for _ in range(workers)]
+        threads = [threading.Thread(target=work, args=(units,)) for _ in range(workers)]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -167,7 +184,7 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5) -> dict:
         threaded.append(time.perf_counter() - t0)
 
         queue = ctx.Queue()
-        procs = [ctx.Process(target=_in_process, args=(units, queue)) for _ in range(workers)]
+        procs = [ctx.Process(target=_in_process, args=(work, units, queue)) for _ in range(workers)]
         t0 = time.perf_counter()
         for p in procs:
             p.start()
@@ -180,8 +197,7 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5) -> dict:
     return {"workers": workers, "rounds": rounds, "serial_s": med(serial), "threads_s": med(threaded),
             "processes_s": med(processes),
             "threads_speedup": med(s / t for s, t in zip(serial, threaded)),
-            "processes_speedup": med(s / p for s, p in zip(serial, processes)),
-            "threads_speedup_on_cpu": med(c / t for c, t in zip(serial_cpu, threaded))}
+            "processes_speedup": med(s / p for s, p in zip(serial, processes))}
 
 
 def main(argv=None):

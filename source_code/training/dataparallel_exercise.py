@@ -21,8 +21,10 @@ CASES = [(8, 1), (8, 2), (12, 4), (10, 3), (7, 2)]  # (batch, devices): the last
 
 
 class _Counted(nn.Module):
-    """A small classifier that counts forward calls per object (copies count separately)."""
+    """A small classifier that counts forward calls per object (copies count separately; each is
+    kept alive until the check has counted, so a copy freed early cannot lend its id to the next)."""
     calls: dict = {}
+    alive: list = []
 
     def __init__(self):
         super().__init__()
@@ -30,6 +32,7 @@ class _Counted(nn.Module):
 
     def forward(self, x):
         _Counted.calls[id(self)] = _Counted.calls.get(id(self), 0) + 1
+        _Counted.alive.append(self)
         return self.net(x)
 
 
@@ -43,6 +46,7 @@ def check_replica_step(fn) -> str:
         want = [p.grad.clone() for p in module.parameters()]
         module.zero_grad(set_to_none=True)
         _Counted.calls.clear()
+        _Counted.alive.clear()
         try:
             fn(module, x, y, n)
         except NotImplementedError:
