@@ -128,6 +128,21 @@ def test_flight_recorder_names_the_first_mismatch():
     assert flight_recorder.first_mismatch({0: r0, 1: short})["per_rank"][1].startswith("nothing")
 
 
+def test_recorders_that_agree_under_detail_do_not_send_you_after_a_slow_rank():
+    """DETAIL stops every rank before the mismatched call: the recorders agree, and the drill
+    says why instead of the advice agreeing recorders give without DETAIL."""
+    same = {"entries": [_entry(i, "gloo:all_reduce", [[1000]]) for i in (1, 2)]}
+    dumps = {0: same, 1: json.loads(json.dumps(same))}
+    plain = hang.recorder_report(dumps, stopped_by_detail=False)
+    assert "a rank that is slow" in plain
+    detail = hang.recorder_report(dumps, stopped_by_detail=True)
+    assert "a rank that is slow" not in detail
+    assert "the recorders agree because DETAIL stopped the ranks before the mismatched call" in detail
+    # recorders that differ are reported as they are, with or without DETAIL
+    other = {"entries": [_entry(1, "gloo:all_reduce", [[1000]]), _entry(2, "gloo:barrier", [])]}
+    assert hang.recorder_report({0: same, 1: other}, True) == flight_recorder.report({0: same, 1: other})
+
+
 def test_gpu_utilisation_without_and_with_a_tool(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert monitor.gpu_utilisation().startswith("not available here")
