@@ -1,7 +1,5 @@
-"""The tensor-parallel training script: flags checked before the group forms, one launch trains."""
+"""The tensor-parallel training script: flags checked before the group forms."""
 import pytest
-
-from source_code.training import loop
 
 
 @pytest.mark.parametrize("args, message", [
@@ -47,12 +45,7 @@ def test_one_node_guard_is_shared_with_the_2d_script():
     assert placement.check_tp_in_node(2, 2, {}) == 2
 
 
-@pytest.mark.parity
-def test_one_launch_trains_and_exits_cleanly(torchrun):
-    res = torchrun("source_code.tensor_parallel.train", "--impl", "own", "--epochs", "1",
-                   "--max-steps", "24", "--eval-samples", "64", nproc=2)
-    assert "terminate called" not in res.stdout
-    assert "Warning" not in res.stdout          # the loss is summed detached: no autograd warning
-    summary = loop.parse_summary(res.stdout)
-    assert summary["world_size"] == 2 and summary["accuracy"] > 0.3
-    assert sum(ln.startswith("epoch") for ln in res.stdout.splitlines()) == 1   # rank 0 prints alone
+# One launch of the entry point training 24 steps: notebook 11's section 10 runs it for both
+# implementations and asserts each (world size 2, accuracy above a random guess, no autograd
+# warning, rank 0 alone printing its epoch lines); processes.torchrun fails the cell on a launch
+# that does not exit cleanly (an abort at exit is a worker's non-zero exit).
