@@ -22,6 +22,19 @@ try:
 except ImportError:  # the report then counts the pytest process and what it reaped only
     psutil = None
 
+# ------------------------------------------------------------ the threads of the suite's processes
+# The suite runs its workers, their notebooks' kernels and the Slurm jobs on a few cores at once.
+# Each process gets one OpenMP thread, as torchrun gives its workers, and an OpenMP thread that
+# waits sleeps instead of spinning: on 2 busy cores, a kernel's second thread spinning for a
+# descheduled peer cost up to 6 times the CPU of the same work (notebook 08's optimizer
+# comparison: 15 CPU-s with 2 threads instead of 2.4 with 1, beside two busy loops; 3.2 with 2
+# threads that sleep when they wait). A cell that sets its own thread count keeps it. Set either
+# variable before the run to run otherwise. Set here, before torch loads anywhere in the suite;
+# the workers, kernels, launches and jobs inherit them.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 # ------------------------------------------------------------------------- the order of the work
 def _stored_run_seconds(path: Path) -> float:
     """What a notebook's stored cells took when it was last executed."""
