@@ -46,6 +46,6 @@ def test_one_node_guard_is_shared_with_the_2d_script():
 
 
 # One launch of the entry point training 24 steps: notebook 11's section 10 runs it for both
-# implementations and asserts each (world size 2, accuracy above a random guess, no autograd
-# warning, rank 0 alone printing its epoch lines); processes.torchrun fails the cell on a launch
-# that does not exit cleanly (an abort at exit is a worker's non-zero exit).
+# implementations and asserts each (world size 2, accuracy above 0.3, no autograd warning, rank 0
+# alone printing its epoch lines, no "terminate called": an abort at exit that the exit status
+# does not always show).

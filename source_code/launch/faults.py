@@ -1,6 +1,7 @@
 """Fault drills: a rank that dies mid-epoch, a process killed while it writes a snapshot.
 
-    torchrun --standalone --nproc-per-node=2 --max-restarts=1 -m source_code.training.ddp_fault_tolerant \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 \\
+        -m source_code.training.ddp_fault_tolerant \\
         --epochs 3 --max-steps 6 --checkpoint /tmp/snap.pt --resume --crash-at-step 9
     python -m source_code.launch.faults kill-during-write /tmp/snap.pt
 

@@ -1,6 +1,7 @@
 """DDP training that survives a killed process: ddp.py plus snapshots inside the epoch.
 
-    torchrun --standalone --nproc-per-node=2 --max-restarts=1 -m source_code.training.ddp_fault_tolerant \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 \\
+        -m source_code.training.ddp_fault_tolerant \\
         --epochs 3 --max-steps 6 --checkpoint snap.pt --resume --snapshot-every 2 --crash-at-step 9
     sbatch slurm/ddp_fault_tolerant.slurm --epochs 3 --crash-at-step 30
 
