@@ -10,7 +10,7 @@
   run, each timed between barriers (and a CUDA synchronize on a GPU); the median ratio own / DTensor.
 
 Both compute on this rank's device (``distributed.context().device``): the CPU when notebook
-10 spawns them with ``device="cpu"``, one GPU per process under torchrun on a GPU node, where
+11 spawns them with ``device="cpu"``, one GPU per process under torchrun on a GPU node, where
 the DTensor mesh is a CUDA mesh, TF32 is off and the parity tolerance is
 ``harness.tolerance`` (1e-5 on the CPU, 1e-4 on CUDA).
 """
