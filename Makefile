@@ -35,8 +35,10 @@ run: venv
 
 ## the whole suite: unit, parity, fault, Slurm and every notebook (nbval), in TEST_WORKERS
 ## processes (pytest-xdist; one file to a worker at a time, so a notebook's cells stay in order, and
-## every file that submits Slurm jobs on one worker: conftest.py)
-TEST_WORKERS ?= 2
+## every file that submits Slurm jobs on one worker: conftest.py). One worker more than the 2
+## cores the suite is sized for: while one waits (for its Slurm jobs, a timeout, a sleeping
+## rank), the other two keep both cores busy
+TEST_WORKERS ?= 3
 test: venv
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder $(PYTEST_ARGS)

@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
 # loadfile), a job of the second file that uses it queues behind the first file's jobs (the
 # printed sbatch lines are all submitted at once) and that worker waits minutes doing nothing.
 # So under --dist loadfile every file that uses the cluster (notebook 06 too) is one unit of work:
-# one worker submits and waits while the other computes. The scheduler reads which files those
+# one worker submits and waits while the others compute. The scheduler reads which files those
 # are from the workers' collection (markers and fixtures are known there, not here).
 _CLUSTER_FILES = "WORKSHOP_CLUSTER_FILES_JSON"
 
@@ -226,6 +226,10 @@ def pytest_terminal_summary(terminalreporter, config):
     tests = sorted(((p, t) for p, t in wall.items() if not p.endswith(".ipynb")), key=lambda kv: -kv[1])
     for path, seconds in tests[:10]:
         tr.write_line(f"{seconds:8.1f} s {cpu[path]:7.1f} s  {path}")
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1:   # the notebooks' wall time here is shared with the other workers' tests
+        tr.write_line(f"notebooks (each shared the cores with {workers - 1} other worker(s); alone each takes less, "
+                      "the README's table):")
     for path, seconds in sorted((p, t) for p, t in wall.items() if p.endswith(".ipynb")):
         over = "; OVER" if seconds > NOTEBOOK_BUDGET_S else ""
         tr.write_line(f"{seconds:8.1f} s {cpu[path]:7.1f} s  {path}   (stated: under {NOTEBOOK_BUDGET_S} s{over})")
