@@ -81,11 +81,13 @@ def test_costs_count_the_bytes_dataparallel_moves():
 
 
 def test_threads_do_not_speed_up_interpreter_bound_work():
-    # Python alone: one thread runs at a time, the other sleeps until it gets the lock, so a busy
-    # machine slows the threads as it slows the serial run (tiny tensor operations would not do:
-    # both their threads are often runnable, and a busy machine's scheduler favours two threads)
+    # Python alone: one thread runs at a time, the other sleeps until it gets the lock. Asserted
+    # on the CPU the threads used per second of wall time (the cores they kept busy at once), not
+    # on the wall times of serial and threaded runs: rounds of a few milliseconds are as likely to
+    # lose the core to another program in one as in the other (serial 46 ms, threads 12 ms in one
+    # suite run with three workers), while time off the cores can only lower this ratio
     gil = costs.gil_cost(units=4000, rounds=5, work=costs.python_ops)  # medians of 5 rounds
-    assert gil["threads_speedup"] < 1.4, gil
+    assert gil["threads_cpu_per_wall"] < 1.4, gil
 
 
 def test_same_work_decides_from_paired_cpu_times_one_disturbed_step_cannot_tip_it():

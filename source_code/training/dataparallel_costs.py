@@ -168,7 +168,7 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
     thread, so their speedup depends on the load."""
     work(1000)  # warm-up
     ctx = mp.get_context("fork")
-    serial, threaded, processes = [], [], []
+    serial, threaded, threaded_cpu, processes = [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(workers):
@@ -176,12 +176,13 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
         serial.append(time.perf_counter() - t0)
 
         threads = [threading.Thread(target=work, args=(units,)) for _ in range(workers)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         threaded.append(time.perf_counter() - t0)
+        threaded_cpu.append(time.process_time() - c0)   # every thread of this process
 
         queue = ctx.Queue()
         procs = [ctx.Process(target=_in_process, args=(work, units, queue)) for _ in range(workers)]
@@ -197,6 +198,9 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
     return {"workers": workers, "rounds": rounds, "serial_s": med(serial), "threads_s": med(threaded),
             "processes_s": med(processes),
             "threads_speedup": med(s / t for s, t in zip(serial, threaded)),
+            # cores the threads kept busy at once: 2 if they ran in parallel, about 1 if one ran at a
+            # time; a busy machine only lowers it (time off the cores adds to the wall time alone)
+            "threads_cpu_per_wall": med(c / t for c, t in zip(threaded_cpu, threaded)),
             "processes_speedup": med(s / p for s, p in zip(serial, processes))}
 
 
