@@ -160,8 +160,10 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
     rounds; each speedup is the median over the rounds of that round's serial time over its
     threaded (or multi-process) time, so a busy spell of the machine slows both sides of it.
     With ``python_ops`` one thread runs at a time and the other sleeps until it gets the lock,
-    so the threads get the same share of a busy machine as the serial run and their speedup
-    stays near 1 under any load (2 if they ran in parallel on 2 free cores). With
+    so ``threads_cpu_per_wall`` (CPU time of the process over the threaded wall time) is about 1
+    (2 if they ran in parallel on 2 free cores), and other programs on the cores only lower it;
+    the wall-time speedup of rounds this short moves with the load (a serial round that lost the
+    core to another program gave 2.0 once in a loaded suite). With
     ``small_ops`` both threads are often runnable at once (one holds the lock, the other runs
     a kernel without it): their hand-offs cost more than they overlap on free cores, and on a
     busy machine, whose scheduler shares the cores by thread, they get more of it than one
