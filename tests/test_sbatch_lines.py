@@ -320,3 +320,10 @@ def test_printed_sbatch_line_runs_on_the_local_cluster(cmd, submitted):
         groups = re.findall(r"tp group \[(\d+), (\d+)\] on (\S+)$", job.output, re.M)
         assert sorted(host for *_, host in groups) == ["n1", "n2"], job.output[-3000:]
         assert parse_summary(job.output)["loss"] < 3.0, job.output[-3000:]
+    if cmd == "sbatch slurm/resilience_torchft.slurm":   # notebook 17's job: a node lost and healed
+        assert re.search(r"lighthouse http://n1:\d+; groups on n1 and n2", job.output), job.output[-3000:]
+        assert "replica 1: killed in the all-reduce of step 7" in job.output, job.output[-3000:]
+        assert re.search(r"replica 1: back at step \d+, state received from a live peer", job.output), job.output[-3000:]
+        summary = dict(re.findall(r"(\w+)=(\S+)", job.output.strip().splitlines()[-1]))
+        assert summary["groups"] == "2" and summary["ft_steps_lost"] == "0", summary
+        assert int(summary["ft_discarded_steps"]) >= 1 and summary["heal_bitwise_equal"] == "1", summary
