@@ -26,12 +26,9 @@ line; with 2 or more GPUs it really splits each batch across them.
 """
 from __future__ import annotations
 
-import statistics
 import threading
-import time
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from source_code import data
@@ -61,7 +58,7 @@ def forward_by_hand(module: torch.nn.Module, x: torch.Tensor, n_devices: int) ->
     gradients into the module's parameters, as DataParallel does on the first GPU.
     """
     chunks = x.chunk(n_devices)                  # 1. scatter: one slice of the batch per device
-    replicas = [module] * len(chunks)            # 2. replicate: a copy of the weights per device
+    replicas = [module] * len(chunks)            # 2. replicate: here the module itself (on GPUs a copy per device)
     outputs = [None] * len(chunks)
 
     def run(i):
@@ -73,24 +70,6 @@ def forward_by_hand(module: torch.nn.Module, x: torch.Tensor, n_devices: int) ->
     for t in threads:
         t.join()
     return torch.cat(outputs)                    # 4. gather: outputs back on the first device
-
-
-def median_step_seconds(forward, model, x, y, repeats: int = 20) -> float:
-    """Median time of forward + loss + backward with ``forward(x)`` (for the notebook's comparison)."""
-    times = []
-    for _ in range(repeats):
-        model.zero_grad(set_to_none=True)
-        _synchronize(x.device)  # GPU work is asynchronous: time it only once it has finished
-        start = time.perf_counter()
-        F.cross_entropy(forward(x), y).backward()
-        _synchronize(x.device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()  # every GPU: DataParallel's replicas run on all of them
 
 
 def train(device, args) -> dict:

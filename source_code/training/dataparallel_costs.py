@@ -150,8 +150,14 @@ def python_ops(units: int) -> float:
     return float(total)
 
 
-def _in_process(work, units: int, queue) -> None:
-    queue.put(work(units))
+def _in_process(work, units: int, queue, start) -> None:
+    """``work`` in a worker process, once every worker is up (``start``, a barrier); reports when
+    it started and ended (perf_counter is one clock for every process of the machine) and the CPU
+    seconds it took."""
+    start.wait()
+    t0, c0 = time.perf_counter(), time.process_time()
+    work(units)
+    queue.put((t0, time.perf_counter(), time.process_time() - c0))
 
 
 def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_ops) -> dict:
@@ -161,7 +167,10 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
     threaded (or multi-process) time, so a busy spell of the machine slows both sides of it.
     With ``python_ops`` one thread runs at a time and the other sleeps until it gets the lock,
     so ``threads_cpu_per_wall`` (CPU time of the process over the threaded wall time) is about 1
-    (2 if they ran in parallel on 2 free cores), and other programs on the cores only lower it;
+    (2 if they ran in parallel on 2 free cores), and other programs on the cores only lower it
+    (it counts every thread of this process: a kernel's own threads add a little);
+    ``processes_cpu_per_wall`` is the same for the processes' work, started together: near 2
+    where two cores were free for them, which says whether the round could show the contrast;
     the wall-time speedup of rounds this short moves with the load (a serial round that lost the
     core to another program gave 2.0 once in a loaded suite). With
     ``small_ops`` both threads are often runnable at once (one holds the lock, the other runs
@@ -170,7 +179,7 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
     thread, so their speedup depends on the load."""
     work(1000)  # warm-up
     ctx = mp.get_context("fork")
-    serial, threaded, threaded_cpu, processes = [], [], [], []
+    serial, threaded, threaded_cpu, processes, processes_cpu = [], [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(workers):
@@ -186,16 +195,17 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
         threaded.append(time.perf_counter() - t0)
         threaded_cpu.append(time.process_time() - c0)   # every thread of this process
 
-        queue = ctx.Queue()
-        procs = [ctx.Process(target=_in_process, args=(work, units, queue)) for _ in range(workers)]
+        queue, start = ctx.Queue(), ctx.Barrier(workers)
+        procs = [ctx.Process(target=_in_process, args=(work, units, queue, start)) for _ in range(workers)]
         t0 = time.perf_counter()
         for p in procs:
             p.start()
-        for _ in procs:
-            queue.get(timeout=120)
+        done = [queue.get(timeout=120) for _ in procs]
         processes.append(time.perf_counter() - t0)
         for p in procs:
             p.join()
+        # the work's own CPU over the span from the first start to the last end (start-up left out)
+        processes_cpu.append(sum(c for *_, c in done) / (max(e for _, e, _ in done) - min(b for b, _, _ in done)))
     med = statistics.median
     return {"workers": workers, "rounds": rounds, "serial_s": med(serial), "threads_s": med(threaded),
             "processes_s": med(processes),
@@ -203,7 +213,9 @@ def gil_cost(units: int = 20000, workers: int = 2, rounds: int = 5, work=small_o
             # cores the threads kept busy at once: 2 if they ran in parallel, about 1 if one ran at a
             # time; a busy machine only lowers it (time off the cores adds to the wall time alone)
             "threads_cpu_per_wall": med(c / t for c, t in zip(threaded_cpu, threaded)),
-            "processes_speedup": med(s / p for s, p in zip(serial, processes))}
+            "processes_speedup": med(s / p for s, p in zip(serial, processes)),
+            # the same for the processes: about 2 where two cores were free for them in that round
+            "processes_cpu_per_wall": med(processes_cpu)}
 
 
 def main(argv=None):
