@@ -8,7 +8,6 @@ processes short, with the uneven-token case that every run starts with.
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 import torch
