@@ -39,7 +39,7 @@ def test_summary_line_of_a_subset(capsys):
     assert (int(s["steps"]), int(s["steps_fp64"])) == (2, 4), last
     assert float(s["max_loss_diff"]) <= 1e-5, f"a configuration's loss left the one-process curve: {last}"
     assert float(s["max_loss_diff_fp64"]) <= 1e-12, f"fp64 shows a difference beyond rounding: {last}"
-    assert float(s["max_loss_diff_fp64"]) <= float(s["max_loss_diff"]) / 1e6, last
+    assert float(s["max_loss_diff_fp64"]) <= max(float(s["max_loss_diff"]), 2.4e-7) / 1e6, last   # one fp32 unit at least
     assert float(s["uneven_tokens_grad_diff_fixed"]) <= 1e-6, f"the fixed normalisation is not exact: {last}"
     assert float(s["uneven_tokens_grad_diff_naive"]) >= 1e-3, f"the per-piece mean did not visibly fail: {last}"
 
