@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import dataset_files  # noqa: E402
 
 from source_code import data  # noqa: E402
+from source_code.errors import run_main  # noqa: E402
 
 
 # ---------------------------------------------------------------- embedded and generated
@@ -79,14 +80,15 @@ def test_mnist_reads_idx_files_pixel_exact(mnist_dir):
     assert torch.allclose(ds[1][0][0], expected, atol=1e-6)
 
 
-def test_missing_mnist_is_one_line_with_the_prepare_command(tmp_path):
+def test_missing_mnist_is_one_line_with_the_prepare_command(tmp_path, capsys):
+    # `python -m source_code.data show ...` is run_main(main): here, without a new interpreter
     empty = tmp_path / "empty"
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-m", "source_code.data", "show", "--dataset", "mnist",
-                          "--data-dir", str(empty)], capture_output=True, text=True, env=env)
-    assert res.returncode == 2, res.stderr
-    assert res.stdout == "" and res.stderr.count("\n") == 1
-    assert f"python -m source_code.data prepare --data-dir {empty} --dataset mnist" in res.stderr
+    with pytest.raises(SystemExit) as exit_:
+        run_main(lambda: data.main(["show", "--dataset", "mnist", "--data-dir", str(empty)]))
+    said = capsys.readouterr()
+    assert exit_.value.code == 2, said.err
+    assert said.out == "" and said.err.count("\n") == 1
+    assert f"python -m source_code.data prepare --data-dir {empty} --dataset mnist" in said.err
 
 
 # ---------------------------------------------------------------- CIFAR-10 (pickled batches)
@@ -232,13 +234,15 @@ def test_one_rule_chooses_the_data_directory(monkeypatch):
 
 
 @pytest.mark.parametrize("dataset", ["wikitext2", "sort"])
-def test_a_dataset_the_cnn_cannot_take_is_refused_before_any_work(dataset):
-    res = subprocess.run([sys.executable, "-m", "source_code.training.single", "--dataset", dataset],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert res.stderr.count("\n") == 1, res.stderr
-    assert f"--model smallcnn cannot train on --dataset {dataset}" in res.stderr
-    assert "digits, mnist, cifar10" in res.stderr
+def test_a_dataset_the_cnn_cannot_take_is_refused_before_any_work(dataset, capsys):
+    from source_code.training import single  # refused by check_args, before seeding or any data
+    with pytest.raises(SystemExit) as exit_:
+        run_main(lambda: single.main(["--dataset", dataset]))
+    said = capsys.readouterr()
+    assert exit_.value.code == 2, said.out + said.err
+    assert said.err.count("\n") == 1, said.err
+    assert f"--model smallcnn cannot train on --dataset {dataset}" in said.err
+    assert "digits, mnist, cifar10" in said.err
 
 
 def test_prepare_uses_the_python_it_is_given_and_builds_no_venv_then(root):

@@ -24,8 +24,9 @@ def test_sharded_accuracy_is_exact_on_uneven_shards():
     print(r)
 
 
-def test_bad_sample_count_is_one_line():
-    import subprocess, sys
-    res = subprocess.run([sys.executable, "-m", "source_code.training.evaluation", "--samples", "400"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "at most 360" in res.stderr.splitlines()[-1], res.stderr
+def test_bad_sample_count_is_one_line(capsys):
+    from source_code.errors import run_main  # what `python -m ...evaluation` runs; before any group
+    with pytest.raises(SystemExit) as exit_:
+        run_main(lambda: evaluation.main(["--samples", "400"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "at most 360" in err.splitlines()[-1], err

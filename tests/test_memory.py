@@ -8,13 +8,13 @@ recomputation keeps the gradients and lowers the peak, and selective recomputati
 s x s scores of an unfused attention for a third of full's recomputed FLOPs; accumulation; the
 entry points' summary lines and their refusals of bad flags (exit status 2, one line).
 """
-import subprocess
-import sys
+import importlib
 
 import pytest
 import torch
 
 from source_code import processes, workload
+from source_code.errors import run_main
 from source_code.memory import (accumulation, calculator, formula, fsdp_bf16, mixed_precision,
                                 precision, recompute, report)
 from source_code.memory.live import LiveBytes
@@ -196,10 +196,14 @@ def test_entry_point_refuses_bad_flags(flags, says, tmp_path, monkeypatch):
     ("source_code.memory.report", ["--seq", "-1"]),
     ("source_code.memory.mixed_precision", ["--dim", "30"]),
 ])
-def test_bad_flags_end_in_one_line(module, flags):
-    r = subprocess.run([sys.executable, "-m", module, *flags], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stdout == ""
-    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+def test_bad_flags_end_in_one_line(module, flags, capsys):
+    # `python -m module` is run_main(main): the same line and status without a new interpreter
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exit_:
+        run_main(lambda: main(flags))
+    said = capsys.readouterr()
+    assert exit_.value.code == 2 and said.out == ""
+    assert len(said.err.strip().splitlines()) == 1 and said.err.startswith("error: "), said.err
 
 
 def test_mixed_precision_entry_point(capsys):

@@ -1,11 +1,11 @@
 """The 2D training script: flags checked against the launch before any work, a real 2 x 2 run."""
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
-from source_code.distributed import LaunchError
+from source_code.distributed import LaunchError, run_main
 from source_code.mesh import train_2d
 from source_code.processes import spawn
 from source_code.training.loop import parse_summary
@@ -40,11 +40,14 @@ def test_bad_launches_fail_in_one_line(argv, world, local, message):
     assert message in str(err.value)
 
 
-def test_bad_flag_exits_2_with_one_line_before_any_process_group():
-    res = subprocess.run([sys.executable, "-m", "source_code.mesh.train_2d", "--tp", "3"],
-                         env={**env(4), "PATH": ""}, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-    assert res.stderr.startswith("error: world size 4 is not divisible by --tp 3")
+def test_bad_flag_exits_2_with_one_line_before_any_process_group(monkeypatch, capsys):
+    for key, value in env(4).items():  # rank 0 of a launch of 4
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exit_:  # run_main(main): what `python -m` runs
+        run_main(lambda: train_2d.main(["--tp", "3"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and not dist.is_initialized(), err
+    assert err.startswith("error: world size 4 is not divisible by --tp 3")
 
 
 @pytest.mark.parity

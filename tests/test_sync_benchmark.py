@@ -5,14 +5,15 @@ import sys
 
 import pytest
 
+from source_code.errors import run_main
 from source_code.sync import allreduce_benchmark as bench
 
 
-def test_sizes_parse_and_bad_sizes_say_how():
+def test_sizes_parse_and_bad_sizes_say_how(capsys):
     assert bench.parse_size("64MiB") == 64 * 2**20 and bench.parse_size("4096") == 4096
-    res = subprocess.run([sys.executable, "-m", "source_code.sync.allreduce_benchmark", "--max-size", "64MB"],
-                         capture_output=True, text=True)
-    assert res.returncode == 2 and "64KiB or 64MiB" in res.stderr
+    with pytest.raises(SystemExit) as exit_:  # run_main(main): what `python -m` runs, refused while parsing
+        run_main(lambda: bench.main(["--max-size", "64MB"]))
+    assert exit_.value.code == 2 and "64KiB or 64MiB" in capsys.readouterr().err
 
 
 @pytest.mark.slow
