@@ -85,3 +85,11 @@ def test_unfinished_answer_is_reported(reports):
 def test_wrong_answers_fail(reports, wrong, message):
     with pytest.raises(AssertionError, match=message):
         exercises.judge(reports[wrong.__name__])
+
+
+def test_the_notebooks_check_passes_the_reference(reports, monkeypatch, capsys):
+    """check_accelerate_loop itself (its probe, its print, its return) on a finished answer, fed
+    the report of the reference's run above instead of a launch of its own."""
+    monkeypatch.setattr(exercises, "run_loops", lambda fns: [reports["accelerate_loop"]])
+    verdict = exercises.check_accelerate_loop(nb16_frameworks.accelerate_loop)
+    assert verdict.startswith("correct") and capsys.readouterr().out.strip() == verdict

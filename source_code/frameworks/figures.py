@@ -41,8 +41,8 @@ def step_time_figure(step_ms: dict, name: str | None = "16_step_times.png"):
     """Bar chart of milliseconds per step, one bar per run, the plain script's as a line."""
     fig, ax = plt.subplots(figsize=(7, 3))
     labels, values = list(step_ms), list(step_ms.values())
-    ax.barh(labels, values, color=["#bbbbbb" if "plain" in k else "#3182bd" for k in labels])
-    plain = [v for k, v in step_ms.items() if "plain" in k]
+    ax.barh(labels, values, color=["#bbbbbb" if k.startswith("plain DDP") else "#3182bd" for k in labels])
+    plain = [v for k, v in step_ms.items() if k.startswith("plain DDP")]
     if plain:
         ax.axvline(sum(plain) / len(plain), color="black", lw=1, ls="--", label="plain DDP (mean)")
         ax.legend(loc="lower right", fontsize=8)
