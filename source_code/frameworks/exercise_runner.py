@@ -6,7 +6,8 @@ For every FILE:FUNCTION, in order: a fresh model (seed 0), SGD and a shuffled lo
 digits (B/N = 32 per process), then FUNCTION(accelerator, model, optimizer, loader, epochs).
 Rank 0 prints one line per function: ``exercise: {json}`` with the optimizer steps this rank
 took, the batches of the whole loader, accelerator.backward calls, what was prepared, the
-largest weight difference between ranks and the held-out accuracy.
+Accelerators the function made itself, the largest weight difference between ranks and the
+held-out accuracy.
 """
 from __future__ import annotations
 
@@ -28,11 +29,18 @@ SETTINGS = SimpleNamespace(model="smallcnn", dataset="digits", data_dir="data", 
 
 
 def load(spec: str):
+    """The function, or one that raises what defining it raised (that function's report says so;
+    the others still run)."""
     path, _, name = spec.rpartition(":")
     module_spec = importlib.util.spec_from_file_location(f"learner_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return getattr(module, name)
+    try:
+        module_spec.loader.exec_module(module)
+        return getattr(module, name)
+    except Exception as exc:
+        def failed_to_define(*_):
+            raise exc
+        return failed_to_define
 
 
 def weight_spread(model) -> float:
@@ -56,11 +64,28 @@ def run_one(fn, epochs: int, world_size: int) -> dict:
     from accelerate import Accelerator
 
     class Counting(Accelerator):
-        backward_calls = 0
+        """The given accelerator: counts what it prepares and its backward and optimizer steps."""
+        backward_calls = models = optimizers = steps = 0
 
         def backward(self, loss, **kwargs):
             Counting.backward_calls += 1
             return super().backward(loss, **kwargs)
+
+        def prepare_model(self, *args, **kwargs):
+            Counting.models += 1
+            return super().prepare_model(*args, **kwargs)
+
+        def prepare_optimizer(self, *args, **kwargs):
+            Counting.optimizers += 1
+            prepared = super().prepare_optimizer(*args, **kwargs)
+            step = prepared.step
+
+            def counted_step(*a, **k):
+                Counting.steps += 1
+                return step(*a, **k)
+
+            prepared.step = counted_step
+            return prepared
 
     accelerator = Counting(cpu=True)
     train_set, test_loader = common.datasets(SETTINGS)
@@ -71,15 +96,25 @@ def run_one(fn, epochs: int, world_size: int) -> dict:
                         shuffle=True, generator=torch.Generator().manual_seed(SETTINGS.seed))
     report = {"todo": False, "error": "", "epochs": epochs, "batches": len(loader) * epochs,
               "world_size": world_size}
+    made = []   # Accelerators the function makes itself (the check reads the one it gives)
+    given_init = Accelerator.__init__
+
+    def noted_init(self, *args, **kwargs):
+        made.append(type(self).__name__)
+        given_init(self, *args, **kwargs)
+
+    Accelerator.__init__ = noted_init
     try:
         fn(accelerator, model, optimizer, loader, epochs)
     except NotImplementedError:
         report["todo"] = True
     except Exception as exc:  # reported to the learner, not a crash of the check
         report["error"] = f"{type(exc).__name__}: {exc}"
-    report.update(steps=steps[0], backward_calls=Counting.backward_calls,
-                  models_prepared=len(getattr(accelerator, "_models", [])) > 0,
-                  optimizers_prepared=len(getattr(accelerator, "_optimizers", [])) > 0,
+    finally:
+        Accelerator.__init__ = given_init
+    report.update(steps=steps[0], backward_calls=Counting.backward_calls, own_accelerators=len(made),
+                  models_prepared=Counting.models > 0, optimizers_prepared=Counting.optimizers > 0,
+                  prepared_steps=Counting.steps,
                   weight_diff=weight_spread(model),  # the original module: prepare wraps, not copies
                   accuracy=loop.evaluate(model, test_loader, torch.device("cpu")))
     return report

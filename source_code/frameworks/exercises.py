@@ -14,13 +14,14 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import tempfile
 import textwrap
 
 from source_code import processes
 
 RUNNER = "source_code.frameworks.exercise_runner"
-HEADER = "import torch\nimport torch.nn.functional as F\n\n"
+HEADER = "from __future__ import annotations\n\nimport torch\nimport torch.nn.functional as F\n\n"
 MIN_ACCURACY = 0.5  # two epochs of the plain script reach ~0.85
 
 
@@ -40,10 +41,21 @@ def run_loops(fns, nproc: int = 2, epochs: int = 2) -> list[dict]:
     return reports
 
 
-def judge(r: dict) -> str:
-    """The verdict on one report: a sentence starting with 'correct', or an AssertionError."""
+def judge(r: dict, notebook_names=frozenset()) -> str:
+    """The verdict on one report: a sentence starting with 'correct', or an AssertionError.
+    ``notebook_names``: the names the learner's notebook defines (a NameError for one of them
+    means the function relied on the notebook, which the processes that run it do not have)."""
     if r["todo"]:
         raise NotImplementedError("exercise not done yet: fill in the TODOs, then run this cell again")
+    assert not (r["own_accelerators"] and not (r["models_prepared"] and r["backward_calls"])), (
+        "your function made an Accelerator of its own and trained with it: train with the one it "
+        "is given (the check reads what that one prepared and how often its backward ran)")
+    missing = re.match(r"NameError: name '(\w+)' is not defined", r["error"])
+    assert not (missing and missing[1] in notebook_names), (
+        f"your function raised {r['error']}: `{missing and missing[1]}` is defined in the notebook, "
+        "but the function runs from its own source in other processes, where only torch, F "
+        "(torch.nn.functional) and its arguments are defined: import or define it inside the function")
+    assert not missing, f"your function raised {r['error']}: a name defined nowhere (a typo?)"
     assert not r["error"], (f"your function raised {r['error']}. Hint: accelerator.prepare returns "
                             "the prepared objects in the order you passed them")
     assert r["models_prepared"] and r["weight_diff"] <= 1e-6, (
@@ -54,9 +66,16 @@ def judge(r: dict) -> str:
         f"each process took {r['steps']} steps over {r['epochs']} epochs, as many as the whole "
         f"loader has batches ({r['batches']}): every process saw all the data. Hint: prepare "
         "the loader too, so each process gets its share of the batches")
+    assert r["steps"] * r["world_size"] >= r["batches"], (
+        f"each process took {r['steps']} steps over {r['epochs']} epochs, fewer than its share of "
+        f"the loader's {r['batches']} batches. Hint: every epoch, every batch of the prepared loader")
     assert r["optimizers_prepared"], (
         "the optimizer was not prepared. Hint: prepare it with the model: with mixed precision, "
         "FSDP or DeepSpeed the prepared optimizer is the one that steps the wrapped parameters")
+    assert r["prepared_steps"] > 0, (
+        "the optimizer was prepared, but the loop stepped the original one: step the object "
+        "prepare returned (with mixed precision, FSDP or DeepSpeed it is the one that steps the "
+        "wrapped parameters)")
     assert r["backward_calls"] > 0, (
         "loss.backward() was called, not accelerator.backward(loss). It gives the same numbers "
         "here, but loss scaling (fp16), gradient accumulation and DeepSpeed need the "
@@ -77,6 +96,6 @@ def check_accelerate_loop(fn) -> str:
         raise NotImplementedError("exercise not done yet: fill in the TODOs, then run this cell again") from None
     except Exception:  # a real attempt trips over the None arguments: run it for real
         pass
-    msg = judge(run_loops([fn])[0])
+    msg = judge(run_loops([fn])[0], notebook_names=set(fn.__globals__))
     print(msg)
     return msg
