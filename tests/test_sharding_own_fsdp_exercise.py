@@ -148,7 +148,7 @@ WRONG_REDUCE = [(added_in_bf16, "is torch.bfloat16"), (cast_after_the_wire, "add
                 (divided_before_the_cast, "divided by N in bf16"),
                 (all_gather_then_sum, "sent with all_gather"), (all_reduce_then_slice, "sent with all_reduce"), (no_padding, "not a multiple of 3"),
                 (floor_chunk, "fell off"), (the_sum, "their mean"), (the_whole_mean, "only its own chunk"),
-                (garbage_padding, "must be zeros"), (averaged_by_the_backend, "gloo has no ReduceOp.AVG"),
+                (garbage_padding, "must be zeros"), (averaged_by_the_backend, "ReduceOp.AVG on gloo needs torch 2.8"),
                 (reduce_scatter_and_all_reduce, "all_reduce, reduce_scatter_tensor: this rank received"),
                 (reduce_scatter_and_all_gather, "all_gather, reduce_scatter_tensor: this rank received")]
 

@@ -145,11 +145,13 @@ def diagnose(got, n: int, world: int, rank: int, calls, received: float) -> str 
 
 
 def _no_average_on_gloo(name, args, kwargs) -> None:
-    """ReduceOp.AVG is how FSDP2 reduces on NCCL; gloo has only the sum: say so in one line."""
+    """ReduceOp.AVG is how FSDP2 reduces on NCCL; gloo has it only from torch 2.8 (the exercise
+    runs on 2.6 too): say so in one line."""
     if any(getattr(a, "name", None) == "AVG" for a in (*args, *kwargs.values())) \
             and dist.get_backend() == "gloo":
-        raise ValueError(f"{name}: gloo has no ReduceOp.AVG (NCCL has, and FSDP2 uses it there); "
-                         f"gloo reduces with its sum, the mean is yours to take")
+        raise ValueError(f"{name}: ReduceOp.AVG on gloo needs torch 2.8 or newer (NCCL has it, and "
+                         f"FSDP2 uses it there) and this exercise runs on torch 2.6 too: reduce "
+                         f"with the sum, the mean is yours to take")
 
 
 class _CheckedDist:

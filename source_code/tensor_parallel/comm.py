@@ -119,8 +119,10 @@ def all_gather_seq(x: torch.Tensor, phase: str, tag: str = "", group=None) -> to
 def reduce_scatter_seq(x: torch.Tensor, phase: str, tag: str = "", group=None) -> torch.Tensor:
     """(b, t, d) partial sums on each rank -> my (b, t/n, d) slice of their sum.
 
-    CUDA tensors (NCCL) use reduce_scatter. gloo has none: an all-reduce then my slice gives
-    the same numbers (the ledger records what NCCL would do: a reduce-scatter)."""
+    CUDA tensors (NCCL) use reduce_scatter. CPU tensors (gloo) take an all-reduce, then my slice:
+    the same numbers on every torch the workshop runs on (gloo's reduce_scatter arrived in torch
+    2.8, and torch builds it from all-reduces too, pytorch/pytorch#149869). The ledger records
+    what a ring reduce-scatter sends, as NCCL's does."""
     _record("reduce_scatter", phase, x, tag)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     if x.is_cuda:

@@ -108,7 +108,7 @@ def parity(work: Workload, sequence_parallel: bool = False, vocab_parallel: bool
         ref_logits = dense_slice(ref_logits.transpose(0, -1), tp.head.weight).transpose(0, -1)
     return {"rank": rank, "world": world, "sequence_parallel": sequence_parallel,
             "logits_diff": max_diff(logits, ref_logits), "loss_diff": max_diff(loss, ref_loss),
-            "grad_diff": max(grads.values()), "grad_diffs": grads,
+            "grad_diff": max(grads.values()), "grad_diffs": grads, "logits_shape": tuple(logits.shape),
             "calls": ledger.calls, "table": ledger.table(), "workload": asdict(work),
             "layout": layout(dense, tp), "device": x.device.type, "tol": tolerance(x.device)}
 
