@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from source_code.errors import run_main
-from source_code.sync import allreduce_benchmark as bench
+from source_code.sync import allreduce_benchmark as bench, same_moments
 
 
 def test_sizes_parse_and_bad_sizes_say_how(capsys):
@@ -38,6 +38,9 @@ def test_benchmark_prints_table_and_ratio(tmp_path):
             assert r["algbw"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / 1e9)
     assert set(summary["rows"]) == {"ring", "naive_ring", "parameter_server", "library"}
     assert all(f["beta_Bps"] > 0 for f in summary["fits"].values())  # beta is a bandwidth in bytes/s
+    pairs = summary["same_moments"]   # the server and the ring at 4 KiB and 256 KiB, 8 repetitions
+    assert {s: len(t) for s, t in pairs["ring"].items()} == {str(4 * 2**10): 8, str(256 * 2**10): 8}
+    assert same_moments.growth(pairs) > 0
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
@@ -55,8 +58,11 @@ def test_crossover_helpers_on_a_made_up_summary():
     summary["times"] = {"parameter_server": {s: [1.0, 2.0, 9.0] for s in sizes},
                         "ring": {s: [2.0, 1.0, 3.0, 5.0, 5.0] if s == sizes[-1] else [2.0, 1.0, 3.0] for s in sizes}}
     assert bench.paired_ratios(summary) == {s: 2.0 for s in sizes}
-    # fastest call over fastest call: a disturbed call (9.0, 5.0) cannot tip it
-    assert bench.fastest_ratios(summary) == {s: 1.0 for s in sizes}
+    # the same two at two sizes in the same moments: each one's fastest call, a disturbed call
+    # (9.0, 5.0) cannot tip it; the server / ring ratio grows from 1 at 4 KiB to 4 at 16 MiB
+    pairs = {"parameter_server": {2**12: [1.0, 9.0, 2.0], 2**24: [8.0, 4.0, 5.0]},
+             "ring": {2**12: [1.0, 1.0, 5.0], 2**24: [1.0, 2.0, 1.0]}}
+    assert same_moments.growth(pairs) == 4.0
     # the fit and the measurements agree, or say differently where the crossover is
     assert bench.crossovers_agree(4e5, 2**19, sizes[-1])
     assert not bench.crossovers_agree(4e5, 2**23, 2**24)                # 20 x apart

@@ -11,6 +11,8 @@ Lessons (read in this order):
 Around them (they import the lessons, never the other way round):
 * ``harness``: the implementations against dist.all_reduce, the parameter server against DDP.
 * ``allreduce_benchmark``: an nccl-tests-style table, busbw, alpha-beta fits, crossover, busbw vs N.
+* ``same_moments``: two implementations at two sizes timed in the same moments (the benchmark's
+  measure of how the parameter server's lead shrinks with the size).
 * ``exercises``: the check functions of the notebooks' exercises.
 The byte counts and the alpha-beta fit live in ``source_code/costmodel.py``.
 """

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from source_code.cli import Parser, positive_int
 from source_code.costmodel import busbw_factor, equal_time_bytes, fit_alpha_beta
 from source_code.distributed import context, ranks_from_env, run_main, session
 from source_code.errors import LaunchError
+from source_code.sync import same_moments
 from source_code.sync.comms import IMPLEMENTATIONS, library_all_reduce
 
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -56,16 +56,14 @@ def human(n: int) -> str:
     return f"{n}B"
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps: int = 12,
-            max_reps: int = 20, min_reps: int = 3, names=tuple(IMPLEMENTATIONS)) -> dict:
+            max_reps: int = 20, min_reps: int = 3, names=tuple(IMPLEMENTATIONS),
+            same_moment_reps: int = 8) -> dict:
     """Run on every rank of a group: per implementation and size, the list of call times (s),
     each the slowest rank's. Float32 buffers; reps per size ~ budget_bytes / size, and at least
-    ``ratio_reps`` alternating ring / library pairs at ``ratio_size``."""
+    ``ratio_reps`` alternating ring / library pairs at ``ratio_size``. Then
+    ``same_moment_reps`` repetitions of the parameter server and the ring at the smallest and
+    the largest size in the same moments (``same_moments``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = context().device
     # correctness first: an implementation that is fast but wrong must not make it into the table
@@ -89,13 +87,7 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
             pool = names if rep <= reps else [n for n in names if n in ("ring", "library")]
             order = pool[rep % len(pool):] + pool[: rep % len(pool)]
             for name in order:
-                buf.fill_(1.0)
-                _sync(device)
-                dist.barrier()
-                start, cpu_start = time.perf_counter(), time.process_time()
-                IMPLEMENTATIONS[name](buf)
-                _sync(device)
-                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+                elapsed, cpu = same_moments.timed_call(name, buf)
                 if rep:
                     samples[name].append(elapsed)
                     cpu_samples[name].append(cpu)
@@ -104,8 +96,12 @@ def measure(sizes, ratio_size: int, budget_bytes: int = 256 * 2**20, ratio_reps:
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             times[name][size], cpu_times[name][size] = slowest.tolist()
         del buf
+    pairs = None
+    if same_moment_reps and set(same_moments.PAIR) <= set(names) and len(set(sizes)) > 1:
+        pairs = same_moments.measure(min(sizes), max(sizes), same_moment_reps)
     return {"world_size": world, "backend": dist.get_backend(), "device": device.type,
-            "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times, "cpu_times": cpu_times}
+            "sizes": sorted(set(sizes)), "ratio_size": ratio_size, "times": times, "cpu_times": cpu_times,
+            "same_moments": pairs}
 
 
 def summarize(res: dict) -> dict:
@@ -123,7 +119,7 @@ def summarize(res: dict) -> dict:
     r = res["ratio_size"]
     paired = np.asarray(res["times"]["library"][r]) / np.asarray(res["times"]["ring"][r])
     return {"rows": rows, "fits": fits, "ratio": float(np.median(paired)), "ratio_size": r,
-            "ratio_pairs": len(paired), "times": res["times"],
+            "ratio_pairs": len(paired), "times": res["times"], "same_moments": res.get("same_moments"),
             "world_size": n, "backend": res["backend"], "device": res["device"]}
 
 
@@ -213,22 +209,14 @@ def measured_crossover(summary: dict, slow_small: str = "parameter_server", fast
 
 def paired_ratios(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring") -> dict:
     """{size: median over the repetitions of time(slow_small) / time(fast_large)}: the two calls
-    of one repetition ran back to back, so a busy moment of the machine slows both alike."""
+    of one repetition ran in one round of the implementations (for the ring and the server, one
+    call of another implementation between them), so a busy moment of the machine slows both alike."""
     t, out = summary["times"], {}
     for size in (row["size"] for row in summary["rows"][slow_small]):
         a, b = t[slow_small][size], t[fast_large][size]
         n = min(len(a), len(b))  # the ratio size has extra repetitions of two implementations
         out[size] = float(np.median(np.asarray(a[:n]) / np.asarray(b[:n])))
     return out
-
-
-def fastest_ratios(summary: dict, slow_small: str = "parameter_server", fast_large: str = "ring") -> dict:
-    """{size: fastest call of ``slow_small`` / fastest call of ``fast_large``}: the work of a call
-    is fixed, so a busy machine only lengthens it, and each one's fastest call is its least
-    disturbed: a ratio no moment of load can tip, where a median of a few pairs can."""
-    t = summary["times"]
-    return {row["size"]: min(t[slow_small][row["size"]]) / min(t[fast_large][row["size"]])
-            for row in summary["rows"][slow_small]}
 
 
 def crossovers_agree(predicted, measured, largest: float, factor: float = 6) -> bool:
