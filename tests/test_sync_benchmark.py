@@ -62,7 +62,7 @@ def test_crossover_helpers_on_a_made_up_summary():
     # (9.0, 5.0) cannot tip it; the server / ring ratio grows from 1 at 4 KiB to 4 at 16 MiB
     pairs = {"parameter_server": {2**12: [1.0, 9.0, 2.0], 2**24: [8.0, 4.0, 5.0]},
              "ring": {2**12: [1.0, 1.0, 5.0], 2**24: [1.0, 2.0, 1.0]}}
-    assert same_moments.growth(pairs) == 4.0
+    assert same_moments.ratios(pairs) == {2**12: 1.0, 2**24: 4.0} and same_moments.growth(pairs) == 4.0
     # the fit and the measurements agree, or say differently where the crossover is
     assert bench.crossovers_agree(4e5, 2**19, sizes[-1])
     assert not bench.crossovers_agree(4e5, 2**23, 2**24)                # 20 x apart

@@ -3,12 +3,14 @@
 Used by ``allreduce_benchmark.measure`` (notebook 03): the parameter server's time over the
 ring's at the smallest size and at the largest. Measured size after size, the two ratios would
 be taken seconds apart, and a machine that gets busier in between moves one and not the other.
-Here each repetition calls both implementations at both sizes, one call after another, so a busy
-moment falls on the four calls of one repetition alike.
+Here each repetition calls both implementations at both sizes, one call after another, and
+each ratio is taken from each one's fastest call: all four come from the same window of about
+a second.
 
     from source_code.sync import same_moments
     pairs = same_moments.measure(4 * 2**10, 16 * 2**20, reps=8)   # on every rank of a group
-    same_moments.growth(pairs)   # how many times the server / ring ratio grows from small to large
+    same_moments.ratios(pairs)   # {size: server's fastest call / ring's fastest call}
+    same_moments.growth(pairs)   # how many times that ratio grows from the small size to the large
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from source_code.distributed import context
 from source_code.sync.comms import IMPLEMENTATIONS
 
-PAIR = ("parameter_server", "ring")   # the slow-at-large one, the slow-at-small one
+PAIR = ("parameter_server", "ring")   # the ratio's numerator, its denominator
 
 
 def timed_call(name: str, buf: torch.Tensor) -> tuple[float, float]:
@@ -58,9 +60,13 @@ def measure(small: int, large: int, reps: int = 8, pair=PAIR) -> dict:
     return times
 
 
+def ratios(times: dict, pair=PAIR) -> dict:
+    """{size: fastest call of pair[0] / fastest call of pair[1]} (each one's least disturbed call)."""
+    top, bottom = (times[name] for name in pair)
+    return {size: min(top[size]) / min(bottom[size]) for size in sorted(top, key=int)}
+
+
 def growth(times: dict, pair=PAIR) -> float:
-    """(slow / fast at the large size) / (slow / fast at the small one), each from its fastest
-    call: the calls share their moments, and each one's fastest call is its least disturbed."""
-    slow, fast = (times[name] for name in pair)
-    small, large = sorted(slow, key=int)
-    return (min(slow[large]) / min(fast[large])) / (min(slow[small]) / min(fast[small]))
+    """The ratio at the large size over the ratio at the small one."""
+    small, large = ratios(times, pair).values()
+    return large / small
