@@ -38,9 +38,12 @@ run: venv
 ## every file that submits Slurm jobs on one worker: conftest.py). One worker more than the 2
 ## cores the suite is sized for: while one waits (for its Slurm jobs, a timeout, a sleeping
 ## rank), the other two keep both cores busy
+## PYTHONDONTWRITEBYTECODE= (empty: unset): where a machine sets it, every process of the suite
+## (hundreds: ranks, agents, kernels, jobs) would compile the workshop's modules again, and every
+## worker would rewrite the tests' asserts again; __pycache__/ is ignored by git
 TEST_WORKERS ?= 3
 test: venv
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+	PYTHONDONTWRITEBYTECODE= PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder $(PYTEST_ARGS)
 
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)
