@@ -40,10 +40,13 @@ run: venv
 ## rank), the other two keep both cores busy
 ## PYTHONDONTWRITEBYTECODE= (empty: unset): where a machine sets it, every process of the suite
 ## (hundreds: ranks, agents, kernels, jobs) would compile the workshop's modules again, and every
-## worker would rewrite the tests' asserts again; __pycache__/ is ignored by git
+## worker would rewrite the tests' asserts again; __pycache__/ is ignored by git.
+## GOMP_SPINCOUNT=1000: a process with more than one OpenMP thread (a kernel, a job's rank with
+## 2 cores) spins its idle threads for a while after each operator, which on cores the suite
+## keeps oversubscribed on purpose is CPU taken from the other workers; results do not change
 TEST_WORKERS ?= 3
 test: venv
-	PYTHONDONTWRITEBYTECODE= PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+	PYTHONDONTWRITEBYTECODE= GOMP_SPINCOUNT=1000 PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder $(PYTEST_ARGS)
 
 ## the GPU paths for real, one line per check (PYTHON=python3 uses a machine's own torch)
