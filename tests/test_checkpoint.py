@@ -173,3 +173,21 @@ def test_a_cpu_rank_on_a_gpu_machine_never_touches_cuda(monkeypatch):
     state = checkpoint.rng_state()
     assert state["cuda"] is None
     checkpoint.set_rng_state({**state, "cuda": torch.zeros(8, dtype=torch.uint8)})
+
+
+def test_a_new_loader_iterator_takes_one_draw_of_the_global_stream_unless_it_has_its_own():
+    """Notebook 07's note on resuming inside an epoch: the draw for the workers' base seed comes
+    from the global generator when the loader has no generator of its own."""
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.arange(8.0))
+    torch.manual_seed(0)
+    untouched = torch.rand(1)
+    torch.manual_seed(0)
+    torch.empty((), dtype=torch.int64).random_()
+    after_one_draw = torch.rand(1)
+    torch.manual_seed(0)
+    iter(DataLoader(data, batch_size=2))
+    assert torch.equal(torch.rand(1), after_one_draw) and not torch.equal(after_one_draw, untouched)
+    torch.manual_seed(0)
+    iter(DataLoader(data, batch_size=2, generator=torch.Generator().manual_seed(1)))
+    assert torch.equal(torch.rand(1), untouched)
