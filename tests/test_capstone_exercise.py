@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from source_code.capstone import exercises
+from source_code.capstone import exercises, runners_3d
 from source_code.capstone.cp_model import cp_logits, my_tokens
 from source_code.capstone.loss import global_token_count, global_token_loss, local_token_count
 from source_code.capstone.runner import piece
@@ -224,3 +224,42 @@ def test_a_forward_recomputed_in_the_backward_is_not_counted_again():
         h = checkpoint(block, x, use_reentrant=reentrant)
         model.head(h).sum().backward()
         assert rows == {"layers.0.mlp": 10, "head": 10}, (reentrant, rows)
+
+
+def notebook_13s_step(model, x, y, mesh):        # the finished step of notebook 13, called
+    from source_code.context_parallel import model_step
+    return model_step.train_step(model, x, y, model_step.mesh_groups(mesh["dp"].size(), mesh["cp"].size()))
+
+
+def the_matrixs_runner(model, x, y, mesh):       # the matrix's DP x TP x CP runner, through a global
+    return runners_3d.dp_tp_cp(model, dp=mesh["dp"].size(), tp=1, cp=mesh["cp"].size())
+
+
+THROUGH_A_HELPER = """
+def finished(model, x, y, mesh):
+    from source_code.context_parallel import model_step
+    return model_step.train_step(model, x, y, model_step.mesh_groups(mesh["dp"].size(), mesh["cp"].size()))
+
+
+def train_step(model, x, y, mesh):
+    return finished(model, x, y, mesh)
+"""
+
+
+def _notebook_cell(tmp_path, source):
+    path = tmp_path / "helper_cell.py"
+    path.write_text(source)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, str(path), "exec"), namespace)
+    return namespace["train_step"]
+
+
+def test_a_step_that_reaches_a_finished_one_is_turned_away_before_any_process_starts(tmp_path):
+    from source_code.capstone.portable import portable, reaches
+    for fn, name in ((notebook_13s_step, "model_step"), (the_matrixs_runner, "runners_3d"),
+                     (_notebook_cell(tmp_path, THROUGH_A_HELPER), "model_step"), (train_step, "train_step")):
+        line = exercises.check_train_step(fn, show=False)
+        assert line.startswith("not yet: your step reaches a finished one") and name in line, line
+    own = notebook_function(tmp_path)                          # right answers of the learner's own
+    for fn in (own, one_flat_all_reduce):
+        assert reaches(fn, portable(fn)[2], exercises.READY_STEPS) == [], fn

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from source_code.capstone import seed
 from source_code.capstone.cp_model import cp_logits, my_tokens
 from source_code.capstone.loss import global_token_count, global_token_loss
-from source_code.capstone.portable import portable, rebuild
+from source_code.capstone.portable import portable, reaches, rebuild
 from source_code.capstone.runner import Runner, Spec, full_weights, mesh, piece, report
 from source_code.context_parallel.comm import Ring
 from source_code.mesh.reference import make_optimizer
@@ -315,14 +315,24 @@ def diagnose(functions) -> list[tuple[bool, str]]:
     return [verdict(r) for r in results]
 
 
+# where a finished dp x cp step already lives: the matrix's runners, notebook 13's, the solutions
+READY_STEPS = ("source_code.capstone.runners_3d", "source_code.capstone.runners_combo",
+               "source_code.capstone.runners_model", "source_code.context_parallel.model_step",
+               "source_code.solutions")
+
+
 def check_train_step(train_step, show: bool = True) -> str:
     """Print (``show``) and return one line: ``correct: ...``, ``not done yet: ...`` or ``not yet: ...``."""
     try:
-        source, _, _ = portable(train_step)
+        source, _, found = portable(train_step)
     except ValueError as err:
         line = f"not yet: {err}"
     else:
-        if "raise NotImplementedError" in source:
+        ready = reaches(train_step, found, READY_STEPS)
+        if ready:
+            line = (f"not yet: your step reaches a finished one ({', '.join(ready)}): write it from the "
+                    "handed step, with the pieces the cell imports")
+        elif "raise NotImplementedError" in source:
             line = "not done yet: write train_step, then run this cell again"
         else:
             ok, said = diagnose([train_step])[0]

@@ -88,3 +88,27 @@ def rebuild(source: str, name: str, found: dict):
             namespace[key] = functools.partial(namespace[what[1]], *what[2], **what[3])
     exec(compile(source, f"<{name}>", "exec"), namespace)
     return namespace[name]
+
+
+def reaches(fn, found: dict, modules: tuple[str, ...]) -> list[str]:
+    """The names through which ``fn`` (``found``: ``portable(fn)``'s third item) reaches one of
+    ``modules`` (dotted prefixes): ``fn`` itself defined there, a global that is such a module or
+    one of its objects, or an import of one, in ``fn``'s own code or in a notebook helper it calls."""
+    hit = {name for name, what in found.items()
+           if what[0] in ("module", "attr") and what[1].startswith(modules)}
+    if getattr(fn, "__module__", "").startswith(modules):
+        hit.add(fn.__name__)
+    last = {m.rsplit(".", 1)[-1] for m in modules}
+    todo, done = [fn], set()
+    while todo:
+        f = todo.pop()
+        done.add(f)
+        codes = [f.__code__]
+        while codes:
+            code = codes.pop()
+            hit.update(n for n in code.co_names if n.startswith(modules) or n in last)
+            codes += [c for c in code.co_consts if inspect.iscode(c)]
+        todo += [f.__globals__[name] for name, what in found.items()
+                 if what[0] == "source" and inspect.isfunction(f.__globals__.get(name))
+                 and f.__globals__[name] not in done]
+    return sorted(hit)
