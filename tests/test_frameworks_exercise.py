@@ -68,7 +68,7 @@ def prepared_in_two_calls(accelerator, model, optimizer, loader, epochs):  # rig
 
 def right_in_other_words(accelerator: Accelerator, model, optimizer, loader, epochs) -> None:  # noqa: F821
     """One prepare call per object, accumulate(), zero_grad after the step, an Accelerator of its
-    own made only to read the device, the accelerator's memory freed at the end."""
+    own made only to read the device, the accelerator's memory freed and its training ended."""
     from accelerate import Accelerator
     device = Accelerator(cpu=True).device
     model = accelerator.prepare(model)
@@ -81,6 +81,7 @@ def right_in_other_words(accelerator: Accelerator, model, optimizer, loader, epo
                 optimizer.step()
                 optimizer.zero_grad()
     accelerator.free_memory()
+    accelerator.end_training()     # a script's last line: the launch still judges every function
 
 
 def one_epoch_only(accelerator, model, optimizer, loader, epochs):
