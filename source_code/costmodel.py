@@ -14,7 +14,11 @@ processes moves, for the three algorithms of notebook 02:
     parameter_server  2                   (N-1) x M  (the server's)      M
 
 ``predicted_time`` puts the two together: messages in a row x alpha + bytes through the
-busiest link / beta (the parameter server receives, then sends: both directions count).
+busiest link / beta (the parameter server receives, then sends: both directions count). The
+server's N-1 receives (and then its N-1 sends) are posted at once: their latencies overlap, one
+alpha for each direction, while their bytes share the server's one link, one after the other.
+That is the model's choice for a link-bound server; a server that also paid a latency per
+worker would pay N-1 alphas a direction, N-2 more than this model counts.
 """
 from __future__ import annotations
 
