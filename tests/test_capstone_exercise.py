@@ -148,14 +148,19 @@ def train_step(model, x, y, mesh):
 """
 
 
+def _notebook_cell(tmp_path, source, name="cell.py"):
+    """``train_step`` of ``source`` run as a notebook cell would run it (module "__main__")."""
+    path = tmp_path / name
+    path.write_text(source)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, str(path), "exec"), namespace)
+    return namespace["train_step"]
+
+
 def notebook_function(tmp_path):
     """A correct step written as a notebook would: a helper function, a partial of it, a list
     and a dict of sets defined beside it (module "__main__", nothing importable)."""
-    path = tmp_path / "cell.py"
-    path.write_text(HELPERS)
-    namespace = {"__name__": "__main__"}
-    exec(compile(HELPERS, str(path), "exec"), namespace)
-    return namespace["train_step"]
+    return _notebook_cell(tmp_path, HELPERS)
 
 
 def test_reference_passes_and_wrong_answers_are_named(tmp_path):
@@ -246,18 +251,10 @@ def train_step(model, x, y, mesh):
 """
 
 
-def _notebook_cell(tmp_path, source):
-    path = tmp_path / "helper_cell.py"
-    path.write_text(source)
-    namespace = {"__name__": "__main__"}
-    exec(compile(source, str(path), "exec"), namespace)
-    return namespace["train_step"]
-
-
 def test_a_step_that_reaches_a_finished_one_is_turned_away_before_any_process_starts(tmp_path):
     from source_code.capstone.portable import portable, reaches
     for fn, name in ((notebook_13s_step, "model_step"), (the_matrixs_runner, "runners_3d"),
-                     (_notebook_cell(tmp_path, THROUGH_A_HELPER), "model_step"), (train_step, "train_step")):
+                     (_notebook_cell(tmp_path, THROUGH_A_HELPER, "helper_cell.py"), "model_step"), (train_step, "train_step")):
         line = exercises.check_train_step(fn, show=False)
         assert line.startswith("not yet: your step reaches a finished one") and name in line, line
     own = notebook_function(tmp_path)                          # right answers of the learner's own
