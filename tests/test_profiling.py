@@ -111,6 +111,24 @@ def test_scaling_efficiency_formulas():
     assert scaling.cpu_efficiencies(cpu) == {"strong": {1: 1.0, 2: 0.8}, "weak": {1: 1.0, 2: 0.8}}
 
 
+def test_scaling_keeps_the_fastest_round_and_the_least_cpu_of_any_round(monkeypatch):
+    # two rounds; the round fastest on the clock is not the one with the least CPU per step:
+    # a preempted process runs slower and also spends more CPU on a step (its caches refilled)
+    rounds = iter([(1000.0, 12.0), (1800.0, 10.0), (1400.0, 6.0),     # round 1: 1 weak, 2 weak, 2 strong
+                   (1100.0, 9.0), (1700.0, 9.5), (1500.0, 7.0)])      # round 2
+    monkeypatch.setattr(scaling, "table_device", lambda procs: ("cpu", "device: cpu"))
+
+    def fake_spawn(fn, nproc, argv, **kwargs):
+        sps, cpu_ms = next(rounds)
+        return [{"samples_per_s": sps, "step_cpu_ms": cpu_ms}] * nproc
+    monkeypatch.setattr(scaling.processes, "spawn", fake_spawn)
+    result = scaling.run((1, 2), batch=64, steps=2, repeats=2)
+    assert [result[k][2]["samples_per_s"] for k in ("weak", "strong")] == [1800.0, 1500.0]
+    assert result["weak"][1]["samples_per_s"] == 1100.0
+    assert {k: result[k][2]["least_step_cpu_ms"] for k in ("weak", "strong")} == {"weak": 9.5, "strong": 6.0}
+    assert scaling.cpu_efficiencies(result) == {"strong": {1: 1.0, 2: 0.75}, "weak": {1: 1.0, 2: 9.0 / 9.5}}
+
+
 def _entry(seq, name, sizes):
     return {"pg_id": 0, "collective_seq_id": seq, "profiling_name": name, "input_sizes": sizes,
             "input_dtypes": ["Float"]}

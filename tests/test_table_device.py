@@ -51,7 +51,7 @@ def test_scaling_runs_every_process_count_on_one_device(monkeypatch, machine, co
         launches.append((nproc, device))
         per_rank = 64 if "--per-rank-batch" in argv else 64 // nproc
         return [{"world_size": nproc, "global_batch": per_rank * nproc, "per_rank_batch": per_rank,
-                 "samples_per_s": 1000.0 * nproc}] * nproc
+                 "samples_per_s": 1000.0 * nproc, "step_cpu_ms": 10.0}] * nproc
     monkeypatch.setattr(processes, "spawn", fake_spawn)
     result = scaling.run((1, 2, 4), batch=64, steps=2)
     assert {d for _, d in launches} == {device} and sorted({n for n, _ in launches}) == [1, 2, 4]

@@ -43,11 +43,15 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=(), repeats: int =
     and weak (``batch`` per process), all on one kind of device; returns {"strong": {n: result},
     "weak": {n: result}, "device": "device: ... (why)"}. With ``repeats`` > 1 every run is
     made that many times, the rounds interleaved, and the fastest of each kept: a run slowed by
-    another program on a shared machine then does not stand for its process count. The ranks
+    another program on a shared machine then does not stand for its process count. Each kept
+    run also carries ``least_step_cpu_ms``, the least CPU per step of its count over the rounds
+    (rank 0's): the work itself, which cache misses and preemptions from another program only
+    add to, whichever round was fastest on the clock. The ranks
     fork from the fork server (processes.spawn): fresh processes, as torchrun's, that start in
     a fraction of a second, so a round costs its steps, not its launches."""
     device, line = table_device(procs)
     out: dict = {"strong": {}, "weak": {}, "device": line}
+    least_cpu: dict = {}
     for n in procs:
         if batch % n:
             raise LaunchError(f"error: batch {batch} does not divide among {n} processes")
@@ -61,6 +65,9 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=(), repeats: int =
                                     timeout=300, device=device)[0]
                 if n not in out[kind] or s["samples_per_s"] > out[kind][n]["samples_per_s"]:
                     out[kind][n] = s
+                least_cpu[kind, n] = min(least_cpu.get((kind, n), s["step_cpu_ms"]), s["step_cpu_ms"])
+    for (kind, n), cpu_ms in least_cpu.items():
+        out[kind][n]["least_step_cpu_ms"] = cpu_ms
     out["strong"][procs[0]] = out["weak"][procs[0]]
     return out
 
@@ -77,15 +84,18 @@ def efficiencies(result: dict) -> dict:
 
 
 def cpu_efficiencies(result: dict) -> dict:
-    """The same efficiencies from rank 0's CPU time per step (``step_cpu_ms``) instead of the
-    clock: the work a sample costs on n processes against one, which waiting for a core that
-    other programs hold does not change. Strong: c_1 / (n c_n); weak: c_1 / c_n."""
+    """The same efficiencies from rank 0's CPU time per step instead of the clock (the least
+    over the rounds where ``run`` made several, else ``step_cpu_ms``): the work a sample costs
+    on n processes against one, which waiting for a core that other programs hold does not
+    change. Strong: c_1 / (n c_n); weak: c_1 / c_n."""
+    def cpu(s):
+        return s.get("least_step_cpu_ms", s["step_cpu_ms"])
     eff = {}
     for kind in ("strong", "weak"):
         by_n = result[kind]
         n1 = min(by_n)
-        c1 = by_n[n1]["step_cpu_ms"]
-        eff[kind] = {n: c1 / ((n // n1 if kind == "strong" else 1) * s["step_cpu_ms"])
+        c1 = cpu(by_n[n1])
+        eff[kind] = {n: c1 / ((n // n1 if kind == "strong" else 1) * cpu(s))
                      for n, s in sorted(by_n.items())}
     return eff
 
