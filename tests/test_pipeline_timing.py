@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from source_code import measure
-from source_code.pipeline import schedules
+from source_code.pipeline import compare, schedules
 
 
 def test_clock_synchronises_on_cuda_only(monkeypatch):
@@ -68,3 +68,14 @@ def test_cpu_path_never_synchronises(monkeypatch, hold):
                              hold=hold)
     if hold:
         assert all(r["end"] - r["start"] >= 0.05 for r in rep["records"])
+
+
+def test_schedules_are_compared_with_the_base_round_by_round():
+    # the base slowed in round 2 (a busy neighbour) slows its partner of that round alike: the
+    # ratios pair the two of one round, not the fastest of each
+    step_s = {"base": [1.0, 2.0, 1.0], "other": [1.1, 2.4, 0.9], "third": [0.5, 0.5, 0.5]}
+    ratios = compare.paired_ratios(step_s, "base")
+    assert set(ratios) == {"other", "third"}
+    assert ratios["other"] == pytest.approx([1.1, 1.2, 0.9]) and ratios["third"] == pytest.approx([0.5, 0.25, 0.5])
+    with pytest.raises(ValueError):   # a schedule with a round missing is not paired with another round
+        compare.paired_ratios({"base": [1.0, 2.0], "other": [1.0]}, "base")

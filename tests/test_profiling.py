@@ -111,11 +111,11 @@ def test_scaling_efficiency_formulas():
     assert scaling.cpu_efficiencies(cpu) == {"strong": {1: 1.0, 2: 0.8}, "weak": {1: 1.0, 2: 0.8}}
 
 
-def test_scaling_keeps_the_fastest_round_and_the_least_cpu_of_any_round(monkeypatch):
-    # two rounds; the round fastest on the clock is not the one with the least CPU per step:
-    # a preempted process runs slower and also spends more CPU on a step (its caches refilled)
+def test_scaling_keeps_the_fastest_round_and_compares_cpu_round_by_round(monkeypatch):
+    # two rounds; the round fastest on the clock is neither the one with the least CPU per step
+    # nor the one the CPU ratios come from: they pair the runs of one round, then take the median
     rounds = iter([(1000.0, 12.0), (1800.0, 10.0), (1400.0, 6.0),     # round 1: 1 weak, 2 weak, 2 strong
-                   (1100.0, 9.0), (1700.0, 9.5), (1500.0, 7.0)])      # round 2
+                   (1100.0, 13.0), (1700.0, 9.5), (1500.0, 7.0)])     # round 2
     monkeypatch.setattr(scaling, "table_device", lambda procs: ("cpu", "device: cpu"))
 
     def fake_spawn(fn, nproc, argv, **kwargs):
@@ -124,9 +124,13 @@ def test_scaling_keeps_the_fastest_round_and_the_least_cpu_of_any_round(monkeypa
     monkeypatch.setattr(scaling.processes, "spawn", fake_spawn)
     result = scaling.run((1, 2), batch=64, steps=2, repeats=2)
     assert [result[k][2]["samples_per_s"] for k in ("weak", "strong")] == [1800.0, 1500.0]
-    assert result["weak"][1]["samples_per_s"] == 1100.0
-    assert {k: result[k][2]["least_step_cpu_ms"] for k in ("weak", "strong")} == {"weak": 9.5, "strong": 6.0}
-    assert scaling.cpu_efficiencies(result) == {"strong": {1: 1.0, 2: 0.75}, "weak": {1: 1.0, 2: 9.0 / 9.5}}
+    assert result["weak"][1]["samples_per_s"] == 1100.0 and result["strong"][1] is result["weak"][1]
+    assert {k: result[k][2]["round_step_cpu_ms"] for k in ("weak", "strong")} == {"weak": [10.0, 9.5],
+                                                                                 "strong": [6.0, 7.0]}
+    eff = scaling.cpu_efficiencies(result)
+    assert eff["weak"] == {1: 1.0, 2: pytest.approx((12 / 10 + 13 / 9.5) / 2)}
+    assert eff["strong"] == {1: 1.0, 2: pytest.approx((12 / 12 + 13 / 14) / 2)}
+    assert scaling.cpu_ratio(result["strong"][2], result["weak"][2]) == pytest.approx((6 / 10 + 7 / 9.5) / 2)
 
 
 def _entry(seq, name, sizes):

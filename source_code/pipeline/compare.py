@@ -28,6 +28,14 @@ from source_code.pipeline import harness, library
 LAUNCH = "torchrun --standalone --nproc-per-node=2 -m source_code.pipeline.compare"
 
 
+def paired_ratios(step_s: dict, base: str) -> dict:
+    """Every other schedule's step over ``base``'s step of the same round, round by round (the
+    schedules take turns step by step, so a busy neighbour slows both of a pair alike):
+    {name: [ratio of round 0, round 1, ...]}."""
+    return {name: [t / t_base for t, t_base in zip(ts, step_s[base], strict=True)]
+            for name, ts in step_s.items() if name != base}
+
+
 def run(ctx, args) -> dict:
     work = harness.Workload(layers=args.layers, dim=args.dim, microbatch=args.rows)
     names = ["gpipe", "1f1b"] + [n for n in library.available(ctx.device)

@@ -16,6 +16,8 @@ a ratio of GPU samples/s to CPU samples/s would say nothing about scaling.
 """
 from __future__ import annotations
 
+import statistics
+
 from source_code import processes
 from source_code.cli import Parser, positive_int
 from source_code.errors import LaunchError, run_main
@@ -44,14 +46,13 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=(), repeats: int =
     "weak": {n: result}, "device": "device: ... (why)"}. With ``repeats`` > 1 every run is
     made that many times, the rounds interleaved, and the fastest of each kept: a run slowed by
     another program on a shared machine then does not stand for its process count. Each kept
-    run also carries ``least_step_cpu_ms``, the least CPU per step of its count over the rounds
-    (rank 0's): the work itself, which cache misses and preemptions from another program only
-    add to, whichever round was fastest on the clock. The ranks
+    run also carries ``round_step_cpu_ms``: rank 0's CPU per step of its count in every round,
+    in order, for ``cpu_ratio`` to compare counts round by round. The ranks
     fork from the fork server (processes.spawn): fresh processes, as torchrun's, that start in
     a fraction of a second, so a round costs its steps, not its launches."""
     device, line = table_device(procs)
     out: dict = {"strong": {}, "weak": {}, "device": line}
-    least_cpu: dict = {}
+    cpu_ms: dict = {}   # (kind, n) -> rank 0's CPU per step, one a round
     for n in procs:
         if batch % n:
             raise LaunchError(f"error: batch {batch} does not divide among {n} processes")
@@ -63,11 +64,11 @@ def run(procs=(1, 2), batch: int = 64, steps: int = 20, extra=(), repeats: int =
                 s = processes.spawn(throughput.measure_spawned, n,
                                     [flag, batch, "--steps", steps, "--quiet", *extra],
                                     timeout=300, device=device)[0]
+                cpu_ms.setdefault((kind, n), []).append(s["step_cpu_ms"])
                 if n not in out[kind] or s["samples_per_s"] > out[kind][n]["samples_per_s"]:
                     out[kind][n] = s
-                least_cpu[kind, n] = min(least_cpu.get((kind, n), s["step_cpu_ms"]), s["step_cpu_ms"])
-    for (kind, n), cpu_ms in least_cpu.items():
-        out[kind][n]["least_step_cpu_ms"] = cpu_ms
+    for (kind, n), rounds in cpu_ms.items():
+        out[kind][n]["round_step_cpu_ms"] = rounds
     out["strong"][procs[0]] = out["weak"][procs[0]]
     return out
 
@@ -83,19 +84,25 @@ def efficiencies(result: dict) -> dict:
     return eff
 
 
+def cpu_ratio(a: dict, b: dict) -> float:
+    """Rank 0's CPU per step of run ``a`` over run ``b``: the median over the rounds of the two
+    runs of one round (``run`` interleaves them, so what else the machine does weighs on both
+    alike), or their ``step_cpu_ms`` where no rounds were kept."""
+    if "round_step_cpu_ms" in a and "round_step_cpu_ms" in b:
+        return statistics.median(x / y for x, y in zip(a["round_step_cpu_ms"], b["round_step_cpu_ms"],
+                                                       strict=True))
+    return a["step_cpu_ms"] / b["step_cpu_ms"]
+
+
 def cpu_efficiencies(result: dict) -> dict:
-    """The same efficiencies from rank 0's CPU time per step instead of the clock (the least
-    over the rounds where ``run`` made several, else ``step_cpu_ms``): the work a sample costs
-    on n processes against one, which waiting for a core that other programs hold does not
-    change. Strong: c_1 / (n c_n); weak: c_1 / c_n."""
-    def cpu(s):
-        return s.get("least_step_cpu_ms", s["step_cpu_ms"])
+    """The same efficiencies from rank 0's CPU time per step (``cpu_ratio``) instead of the
+    clock: the work a sample costs on n processes against one, which waiting for a core that
+    other programs hold does not change. Strong: c_1 / (n c_n); weak: c_1 / c_n."""
     eff = {}
     for kind in ("strong", "weak"):
         by_n = result[kind]
         n1 = min(by_n)
-        c1 = cpu(by_n[n1])
-        eff[kind] = {n: c1 / ((n // n1 if kind == "strong" else 1) * cpu(s))
+        eff[kind] = {n: cpu_ratio(by_n[n1], s) / (n // n1 if kind == "strong" else 1)
                      for n, s in sorted(by_n.items())}
     return eff
 
