@@ -86,8 +86,9 @@ def efficiencies(result: dict) -> dict:
 
 def cpu_ratio(a: dict, b: dict) -> float:
     """Rank 0's CPU per step of run ``a`` over run ``b``: the median over the rounds of the two
-    runs of one round (``run`` interleaves them, so what else the machine does weighs on both
-    alike), or their ``step_cpu_ms`` where no rounds were kept."""
+    runs of one round (``run`` starts them one after the other, so what else the machine does
+    weighs on the two of a round more alike than on runs of different rounds), or their
+    ``step_cpu_ms`` where no rounds were kept."""
     if "round_step_cpu_ms" in a and "round_step_cpu_ms" in b:
         return statistics.median(x / y for x, y in zip(a["round_step_cpu_ms"], b["round_step_cpu_ms"],
                                                        strict=True))
